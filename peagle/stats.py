@@ -1,0 +1,64 @@
+"""What generate() returns: sequences, texts and the statistics every benchmark arm reports."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    draft_k: int  # requested draft_k (0 for plain decoding)
+    new_tokens: int  # tokens emitted over all rows (up to and including eos/stop)
+    target_passes: int  # decode cycles, summed over rows (each row-cycle is one target forward)
+    accepted_tokens: int  # drafts accepted, summed over rows and cycles
+    per_position_acceptance: list[float]  # [draft_k]: P(draft j accepted) over cycles drafting j
+    wall_time_s: float  # the whole call, prefill included
+    draft_time_s: float  # time inside drafter.draft()
+    verify_time_s: float  # target passes (prefill and verification) and the verifier
+    prefill_time_s: float  # the part of verify_time_s spent on the prompt pass
+    cycles: int  # loop iterations (each one target forward over the whole batch)
+    accepted_per_cycle: list[list[int]] = field(default_factory=list, repr=False)  # per cycle, per active row
+
+    @property
+    def acceptance_length(self) -> float:
+        """Tokens emitted per target forward (1 + accepted drafts), averaged over row-cycles."""
+        return (self.accepted_tokens + self.target_passes) / max(self.target_passes, 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    @property
+    def other_time_s(self) -> float:
+        return max(self.wall_time_s - self.draft_time_s - self.verify_time_s, 0.0)
+
+    def as_dict(self) -> dict:
+        return {
+            "draft_k": self.draft_k, "new_tokens": self.new_tokens, "target_passes": self.target_passes,
+            "acceptance_length": round(self.acceptance_length, 4), "tokens_per_s": round(self.tokens_per_s, 3),
+            "wall_time_s": round(self.wall_time_s, 4), "draft_time_s": round(self.draft_time_s, 4),
+            "verify_time_s": round(self.verify_time_s, 4), "other_time_s": round(self.other_time_s, 4),
+            "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance],
+        }
+
+    def __str__(self) -> str:
+        pos = " ".join(f"{x:.2f}" for x in self.per_position_acceptance) or "-"
+        return (f"draft_k={self.draft_k} acceptance_length={self.acceptance_length:.2f} "
+                f"tokens/s={self.tokens_per_s:.1f} new_tokens={self.new_tokens} "
+                f"time: draft {self.draft_time_s:.2f}s verify {self.verify_time_s:.2f}s other {self.other_time_s:.2f}s "
+                f"| per-position acceptance: {pos}")
+
+
+@dataclass
+class GenerationOutput:
+    sequences: list[list[int]]  # generated token ids per prompt (prompt excluded)
+    texts: list[str] | None  # decoded sequences (None without a tokenizer)
+    stats: GenerationStats
+
+    def __repr__(self) -> str:
+        first = (self.texts[0] if self.texts else str(self.sequences[0]))[:60].replace("\n", "\\n")
+        return f"GenerationOutput(rows={len(self.sequences)}, {self.stats}, first={first!r}...)"
+
+    def _repr_html_(self) -> str:
+        s = self.stats.as_dict()
+        rows = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in s.items())
+        return f"<b>GenerationOutput</b> ({len(self.sequences)} rows)<table>{rows}</table>"

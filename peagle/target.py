@@ -1,0 +1,238 @@
+"""Target: an unmodified Hugging Face causal LM, observed through forward pre-hooks.
+
+The model is never forked or patched: aux hidden states are read by hooks that ``Target`` owns,
+and positions, masks and the cache are passed as arguments. ``TargetState`` keeps one
+``DynamicCache`` for a ragged batch: every row appends the same number of slots per pass, rows
+that keep fewer tokens leave *holes* that the 2-D attention mask hides, and the slots that every
+row rejected are cropped off the end (for batch 1 that is all of them, so no hole ever forms).
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import nn
+
+
+def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's (2, L//2, L-3), clamped into [0, L) for very shallow models."""
+    return tuple(min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3))
+
+
+def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The ModuleList of decoder layers of an HF causal LM (``model.model.layers`` and kin)."""
+    base = getattr(model, "base_model", model)
+    for owner in (base, getattr(base, "language_model", None), getattr(base, "model", None), model):
+        layers = getattr(owner, "layers", None) if owner is not None else None
+        if isinstance(layers, nn.ModuleList) and len(layers) > 0:
+            return layers
+    candidates = [m for n, m in model.named_modules() if n.endswith("layers") and isinstance(m, nn.ModuleList)]
+    if candidates:
+        return max(candidates, key=len)
+    raise ValueError(
+        f"model: cannot find the decoder layers of {type(model).__name__} "
+        "(expected an nn.ModuleList named `layers`, e.g. model.model.layers)"
+    )
+
+
+class Target:
+    """A causal LM plus the hooks that expose its aux hidden states.
+
+    Args:
+        model: any HF causal LM (``AutoModelForCausalLM``), used as is.
+        tokenizer: its tokenizer (needed for string prompts).
+        aux_layer_ids: decoder layers whose *input* residual stream is captured
+            (HF ``hidden_states[k]``); default ``(2, L//2, L-3)``.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer=None, aux_layer_ids: Sequence[int] | None = None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = model.config
+        text_config = getattr(self.config, "get_text_config", lambda: self.config)()
+        self.text_config = text_config
+        self.layers = find_decoder_layers(model)
+        self.num_layers = len(self.layers)
+        ids = default_aux_layer_ids(self.num_layers) if aux_layer_ids is None else aux_layer_ids
+        self.hidden_size = int(text_config.hidden_size)
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.max_positions = int(getattr(text_config, "max_position_embeddings", 1 << 30))
+        self._captured: dict[int, torch.Tensor] | None = None
+        self._captured: dict[int, torch.Tensor] | None = None
+        # transformers >= 5.2x renamed `past_key_values` to `cache`; use whichever forward takes.
+        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._hooks = []
+        self.set_aux_layer_ids(ids)
+
+    # -- construction -----------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path_or_id: str, dtype: torch.dtype = torch.bfloat16, aux_layer_ids=None, **kwargs) -> "Target":
+        """Load model and tokenizer with ``AutoModelForCausalLM`` / ``AutoTokenizer``."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path_or_id)
+        model = AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype, **kwargs)
+        return cls(model, tokenizer, aux_layer_ids=aux_layer_ids)
+
+    def to_device(self, device) -> "Target":
+        self.model.to(device)
+        return self
+
+    def set_aux_layer_ids(self, aux_layer_ids: Sequence[int]) -> None:
+        """Capture other layers (a head may be trained on non-default ones)."""
+        ids = tuple(int(i) for i in aux_layer_ids)
+        if not ids or any(not 0 <= i < self.num_layers for i in ids):
+            raise ValueError(f"aux_layer_ids must be non-empty layer indices in [0, {self.num_layers}), got {ids}")
+        self.remove_hooks()
+        self.aux_layer_ids = ids
+        self._hooks = [self.layers[i].register_forward_pre_hook(self._make_hook(i), with_kwargs=True) for i in sorted(set(ids))]
+
+    def _make_hook(self, index: int):
+        def hook(module, args, kwargs):
+            if self._captured is not None:
+                hidden = args[0] if args else kwargs["hidden_states"]
+                self._captured[index] = hidden
+        return hook
+
+    def remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    # -- properties -------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def aux_hidden_size(self) -> int:
+        return self.hidden_size * len(self.aux_layer_ids)
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for src in (getattr(self.model, "generation_config", None), self.config):
+            eos = getattr(src, "eos_token_id", None) if src is not None else None
+            if eos is not None:
+                ids.update([eos] if isinstance(eos, int) else list(eos))
+        return ids
+
+    def input_embeddings(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    # -- forward ----------------------------------------------------------------------
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache,
+        attention_mask: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        attention_4d: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One target pass.
+
+        input_ids, position_ids: [B, T]; attention_mask: [B, past + T] (1 = visible) or None;
+        returns logits [B, T', V] (T' = logits_to_keep or T) and aux [B, T, len(aux)*H].
+        """
+        self._captured = {}
+        try:
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                attention_mask=attention_4d if attention_4d is not None else attention_mask,
+                use_cache=True,
+                **{self._cache_kw: cache},
+                logits_to_keep=logits_to_keep,
+            )
+            aux = torch.cat([self._captured[i] for i in self.aux_layer_ids], dim=-1)
+        finally:
+            self._captured = None
+        return out.logits, aux
+
+    def new_state(self, batch_size: int) -> "TargetState":
+        return TargetState(self, batch_size)
+
+
+def _new_cache(target: Target):
+    from transformers import DynamicCache
+
+    try:
+        cache = DynamicCache(config=target.config)
+    except TypeError:  # older signatures
+        cache = DynamicCache()
+    # Sliding-window layers can only be rolled back past the window when they record it.
+    if hasattr(cache, "activate_past_recording"):
+        try:
+            cache.activate_past_recording()
+        except Exception:  # pragma: no cover - not all cache layouts support it
+            pass
+    return cache
+
+
+@dataclass
+class TargetStep:
+    logits: torch.Tensor  # [B, T', V]
+    aux: torch.Tensor  # [B, T, len(aux)*H]
+    positions: torch.Tensor  # [B, T] position ids used
+
+
+class TargetState:
+    """The target's KV cache for one ragged batch, with roll-back.
+
+    ``extend(tokens)`` appends T slots to every row; ``commit(num_keep)`` keeps the first
+    ``num_keep[b]`` of them for row b: the rest become holes (masked) and the slots that no row
+    kept are cropped from the cache.
+    """
+
+    def __init__(self, target: Target, batch_size: int):
+        self.target = target
+        self.cache = _new_cache(target)
+        device = target.device
+        self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, slots]
+        self.next_pos = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
+        self._pending = 0
+
+    @property
+    def has_holes(self) -> bool:
+        return not bool(self.valid.all())
+
+    def extend(self, tokens: torch.Tensor, logits_to_keep: int = 0) -> TargetStep:
+        """Run the target over tokens [B, T] placed at each row's next positions."""
+        B, T = tokens.shape
+        positions = self.next_pos[:, None] + torch.arange(T, device=tokens.device)
+        self.valid = torch.cat([self.valid, self.valid.new_ones(B, T)], dim=1)
+        mask = self.valid.long() if self.has_holes else None
+        logits, aux = self.target.forward(tokens, positions, self.cache, attention_mask=mask, logits_to_keep=logits_to_keep)
+        self._pending = T
+        return TargetStep(logits, aux, positions)
+
+    def commit(self, num_keep: torch.Tensor) -> None:
+        """Keep the first num_keep[b] (in [0, T]) of the last extend's T slots per row."""
+        T = self._pending
+        self._pending = 0
+        cols = torch.arange(T, device=num_keep.device)
+        self.valid[:, self.valid.shape[1] - T:] = cols[None, :] < num_keep[:, None]
+        self.next_pos += num_keep
+        drop = T - int(num_keep.max())
+        if drop > 0:
+            self.cache.crop(-drop)
+            self.valid = self.valid[:, :-drop]
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep only the batch rows in index [B'] (finished rows leave the batch)."""
+        self.cache.batch_select_indices(index)
+        self.valid, self.next_pos = self.valid[index], self.next_pos[index]
+        # Columns that no remaining row uses at the end can go.
+        used = self.valid.any(0).nonzero()
+        drop = self.valid.shape[1] - (int(used.max()) + 1 if used.numel() else 0)
+        if drop > 0 and self._pending == 0:
+            self.cache.crop(-drop)
+            self.valid = self.valid[:, :-drop]

@@ -1,0 +1,40 @@
+"""`peagle demo | bench | train | export`: each subcommand lives in its own module.
+
+A subcommand module defines ``add_arguments(parser)`` and ``run(args) -> int``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "demo": ("peagle.demo", "side-by-side demo on the embedded SmolLM2: plain, EAGLE-3, P-EAGLE, n-gram"),
+    "bench": ("peagle.bench", "benchmark arms over draft_k, concurrency, datasets; tables, CSV, plots, JSON"),
+    "train": ("peagle.train.cli", "regenerate data and train P-EAGLE / EAGLE-3 heads"),
+    "export": ("peagle.export", "write a head in the layout serving engines load"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="peagle", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    modules = {}
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        module.add_arguments(p)
+        modules[name] = module
+    args = parser.parse_args(argv)
+    if args.command not in modules:
+        parser.error(f"`peagle {args.command}` is not available in this build")
+    return int(modules[args.command].run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -75,9 +75,10 @@ def quantize_tensor(x: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.T
     else:
         amax = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True, dtype=torch.float32)
     scale = amax.clamp_min(AMAX_FLOOR) / E4M3_MAX
-    # Divide in float32 (a 0-dim fp32 scale would not promote a bf16 x). No clamp is needed:
-    # |x| / fl(amax / 448) <= 448 * (1 + 2^-23), which rounds to 448, not past it.
-    return (x.to(torch.float32) / scale).to(fp8_dtype()), scale
+    # Divide in float32: a bf16 x promotes against a [1, 1] fp32 scale (a 0-dim one would not),
+    # in the same kernel. No clamp is needed: |x| / fl(amax / 448) <= 448 (1 + 2^-23) rounds to 448.
+    x_scaled = x / (scale if scale.dim() else scale.reshape(1, 1))
+    return x_scaled.to(fp8_dtype()), scale
 
 
 def fp8_mm_emulated(x_fp8: torch.Tensor, x_scale: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor,
@@ -197,6 +198,9 @@ class FP8Linear(nn.Module):
         return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
+        if x.dtype.itemsize == 1:
+            raise TypeError(f"FP8Linear {self.name or '(unnamed)'} takes high-precision activations, got {x.dtype}: "
+                            "code that casts inputs to `layer.weight.dtype` should use the model's compute dtype")
         lead = x.shape[:-1]
         x2d = x.reshape(-1, self.in_features)
         if not x2d.is_contiguous():
@@ -266,12 +270,18 @@ def quantize_fp8(module: nn.Module, scheme: str = "rowwise",
     fp8_dtype()
     should_skip = _skip_fn(skip)
     embedding_weights = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
-    targets = [(name, m) for name, m in module.named_modules()
-               if (isinstance(m, nn.Linear) or _is_conv1d(m))
-               and id(m.weight) not in embedding_weights and not should_skip(name, m)]
-    for name, linear in targets:
-        layer = FP8Linear.from_linear(linear, scheme=scheme, impl=impl)
-        layer.name = name
+    # A layer reachable under several names is decided (and converted) once, by its first name.
+    decided: dict[int, FP8Linear | None] = {}
+    for name, m in list(module.named_modules(remove_duplicate=False)):
+        if not (isinstance(m, nn.Linear) or _is_conv1d(m)) or id(m.weight) in embedding_weights:
+            continue
+        if id(m) not in decided:
+            decided[id(m)] = None if should_skip(name, m) else FP8Linear.from_linear(m, scheme=scheme, impl=impl)
+            if decided[id(m)] is not None:
+                decided[id(m)].name = name
+        layer = decided[id(m)]
+        if layer is None:
+            continue
         if not name:
             return layer
         _set_child(module, name, layer)
@@ -301,7 +311,7 @@ def load_fp8_state(module: nn.Module, path: str, impl: str = "auto", strict: boo
     with safe_open(str(path), framework="pt") as f:
         scales = {k[: -len(".weight_scale")]: f.get_slice(k).get_shape()
                   for k in f.keys() if k.endswith(".weight_scale")}
-    for name, m in list(module.named_modules()):
+    for name, m in list(module.named_modules(remove_duplicate=False)):
         if name in scales and not isinstance(m, FP8Linear):
             if not (isinstance(m, nn.Linear) or _is_conv1d(m)):
                 raise ValueError(f"{path}: {name} holds FP8 weights but is a {type(m).__name__} in this model")
@@ -311,5 +321,5 @@ def load_fp8_state(module: nn.Module, path: str, impl: str = "auto", strict: boo
                               impl=impl, device=weight.device)
             layer.bias, layer.name = m.bias, name
             _set_child(module, name, layer)
-    missing, unexpected = load_model(module, str(path), strict=strict)
+    load_model(module, str(path), strict=strict)
     return module

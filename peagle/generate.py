@@ -16,6 +16,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from .autok import DraftKPolicy, make_policy
 from .drafters.base import Drafter, DraftStep
 from .prompts import Prompts, encode_prompts
 from .sampling import SamplingParams, sample_from_weights, target_probs
@@ -89,7 +90,7 @@ def generate(
     drafter: Drafter | None,
     prompts: Prompts,
     *,
-    draft_k: int = 7,
+    draft_k: int | str | DraftKPolicy = 7,
     max_new_tokens: int = 128,
     temperature: float = 0.0,
     top_k: int = 0,
@@ -104,7 +105,8 @@ def generate(
         target: the model to accelerate.
         drafter: a :class:`peagle.Drafter` (P-EAGLE, EAGLE-3, n-gram, yours) or None.
         prompts: a string, a list of strings, a list of token-id lists or a LongTensor [B, T].
-        draft_k: tokens proposed per cycle (1..drafter.max_draft_k).
+        draft_k: tokens proposed per cycle (1..drafter.max_draft_k); ``"auto"`` (or a
+            :class:`peagle.autok.DraftKPolicy`) picks it every cycle from measured acceptance and costs.
         max_new_tokens: generated tokens per row, eos included.
         temperature, top_k, top_p: as in plain sampling; temperature 0 is greedy.
         seed: seeds the torch.Generator used for every random draw.
@@ -116,6 +118,9 @@ def generate(
     """
     params = SamplingParams(float(temperature), int(top_k), float(top_p))
     prompt_ids = encode_prompts(target, prompts, chat=chat)
+    policy = make_policy(draft_k, drafter) if drafter is not None and not isinstance(draft_k, int) else None
+    if policy is not None:
+        draft_k = policy.max_k
     _validate(target, drafter, draft_k, max_new_tokens, prompt_ids)
     if drafter is not None:
         drafter.bind(target)
@@ -182,16 +187,17 @@ def generate(
                 break
             select(keep_rows)
         remaining = max(max_new_tokens - len(rows.outputs[b]) for b in active)
-        k = min(k_max, remaining - 1)
+        k = min(k_max if policy is None else policy.choose(len(active)), remaining - 1)
         # 2. draft
-        q = None
+        q, draft_s = None, 0.0
         if k > 0:
             _sync(device)
             t0 = time.perf_counter()
             draft = drafter.draft(DraftStep(**pending, history=history, history_lens=history_lens,
                                             sampling=params, generator=generator), k)
             _sync(device)
-            draft_time += time.perf_counter() - t0
+            draft_s = time.perf_counter() - t0
+            draft_time += draft_s
             drafts, q = draft.tokens, draft.probs
         else:
             drafts = last_token.new_zeros(len(active), 0)
@@ -202,7 +208,8 @@ def generate(
         # 5. roll back: keep the last token's slot plus the accepted drafts' slots
         state.commit(result.num_emitted)
         _sync(device)
-        verify_time += time.perf_counter() - t0
+        verify_s = time.perf_counter() - t0
+        verify_time += verify_s
         # 4. accept
         cycles += 1
         num_acc = result.num_accepted.tolist()
@@ -224,7 +231,11 @@ def generate(
         history.scatter_(1, history_lens[:, None] + torch.arange(k + 1, device=device), result.output_tokens)
         history_lens = history_lens + n_emit
         last_token = result.output_tokens.gather(1, result.num_accepted[:, None]).squeeze(1)
-        pending = dict(tokens=result.output_tokens.clamp_min(0), hidden=step.aux, positions=step.positions, num_new=n_emit)
+        new_pairs = dict(tokens=result.output_tokens.clamp_min(0), hidden=step.aux, positions=step.positions, num_new=n_emit)
+        # A cycle that drafted nothing (k = 0) leaves its pairs for the drafter's next call.
+        pending = new_pairs if k > 0 or drafter is None else _append_pairs(pending, new_pairs)
+        if policy is not None:
+            policy.observe(k, len(active), draft_s, verify_s, result.num_accepted)
 
     _sync(device)
     wall = time.perf_counter() - t_start
@@ -237,6 +248,27 @@ def generate(
     tok = target.tokenizer
     texts = [tok.decode(o, skip_special_tokens=True) for o in rows.outputs] if tok is not None else None
     return GenerationOutput(rows.outputs, texts, stats)
+
+
+def _append_pairs(old: dict, new: dict) -> dict:
+    """Row-wise concatenation of two left-aligned blocks of context pairs.
+
+    Example: old tokens [[a, b], [c, -]] (num_new 2, 1) + new [[d], [e]] -> [[a, b, d], [c, e, -]].
+    """
+    n_old, n_new = old["num_new"], new["num_new"]
+    B, T = n_old.shape[0], int((n_old + n_new).max())
+    cols = torch.arange(T, device=n_old.device)[None, :].expand(B, T)
+    from_old = cols < n_old[:, None]
+    i_old = cols.clamp_max(old["tokens"].shape[1] - 1)
+    i_new = (cols - n_old[:, None]).clamp(0, new["tokens"].shape[1] - 1)
+    out = {"num_new": n_old + n_new}
+    for key in ("tokens", "positions", "hidden"):
+        a, b = old[key], new[key].to(old[key].dtype)
+        ia, ib, m = i_old, i_new, from_old
+        if a.dim() == 3:
+            ia, ib, m = ia[..., None].expand(-1, -1, a.shape[-1]), ib[..., None].expand(-1, -1, a.shape[-1]), m[..., None]
+        out[key] = torch.where(m, a.gather(1, ia), b.gather(1, ib))
+    return out
 
 
 def _verify(drafts, logits, q, params: SamplingParams, generator) -> VerifyResult:

@@ -19,7 +19,7 @@ class Eagle3Drafter(DraftHead):
 
     def draft(self, step: DraftStep, draft_k: int) -> Draft:
         n = step.num_new
-        prenorm = self.run(step.tokens, self.fc(step.hidden.to(self.fc.weight.dtype)), step.positions, n)
+        prenorm = self.run(step.tokens, self.fc(step.hidden.to(self.compute_dtype)), step.positions, n)
         last = (n - 1)[:, None, None].expand(-1, 1, prenorm.shape[-1])
         hidden = prenorm.gather(1, last)  # [B, 1, H]
         position = step.positions.gather(1, (n - 1)[:, None])  # [B, 1]

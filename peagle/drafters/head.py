@@ -20,11 +20,12 @@ from .layers import DecoderLayer, KVCache, RMSNorm, rope_cos_sin
 
 
 def _attention_impl():
-    try:
-        from peagle.kernels import parallel_draft_attention
-    except ImportError:  # kernels package not built yet: use the reference math
-        from .layers import reference_attention as parallel_draft_attention
-    return parallel_draft_attention
+    from peagle import kernels
+
+    fn = getattr(kernels, "parallel_draft_attention", None)
+    if not callable(fn):  # kernels package not built yet: use the reference math
+        from .layers import reference_attention as fn
+    return fn
 
 
 class DraftHead(nn.Module):
@@ -82,7 +83,7 @@ class DraftHead(nn.Module):
         if self.embed_tokens is None and self.trains_embedding:
             # P-EAGLE learns the mask token's row, so it owns a copy of the target's table.
             self.embed_tokens = nn.Embedding.from_pretrained(self._target_embed.weight.detach().clone(), freeze=False)
-        p = self.fc.weight
+        p = self.norm.weight
         if p.device != target.device or p.dtype != target.dtype:
             self.to(device=target.device, dtype=target.dtype)
 
@@ -96,6 +97,11 @@ class DraftHead(nn.Module):
     trains_embedding = False
 
     @property
+    def compute_dtype(self) -> torch.dtype:
+        """Activation dtype (norm weights stay high precision even when linears are FP8)."""
+        return self.norm.weight.dtype
+
+    @property
     def max_draft_k(self) -> int:
         return self.config.max_draft_k
 
@@ -104,7 +110,7 @@ class DraftHead(nn.Module):
         return table(tokens)
 
     def new_cache(self, batch_size: int) -> None:
-        p = self.fc.weight
+        p = self.norm.weight
         self.cache = KVCache(len(self.layers), batch_size, self.config.num_key_value_heads,
                              self.config.head_dim, p.device, p.dtype)
 

@@ -48,7 +48,7 @@ class PEagleDrafter(DraftHead):
 
     def draft(self, step: DraftStep, draft_k: int) -> Draft:
         tokens, aux, positions = self.build_inputs(step, draft_k)
-        prenorm = self.run(tokens, self.fc(aux.to(self.fc.weight.dtype)), positions, step.num_new)
+        prenorm = self.run(tokens, self.fc(aux.to(self.compute_dtype)), positions, step.num_new)
         out_cols = (step.num_new - 1)[:, None] + torch.arange(draft_k, device=tokens.device)  # [B, k]
         picked = prenorm.gather(1, out_cols[..., None].expand(-1, -1, prenorm.shape[-1]))
         tokens, q = self.choose(self.logits(picked), step)

@@ -1,0 +1,166 @@
+"""Adaptive draft_k: a small cost model that picks draft_k every cycle (``draft_k="auto"``).
+
+Throughput of one cycle at batch size B with k drafts per row is B * E(k) / T(k, B), where
+
+    E(k)    = 1 + sum_{j=1..k} a_1 * ... * a_j      expected tokens emitted per row
+    a_j     = P(draft j accepted | drafts 1..j-1 accepted), counted as the run goes
+    T(k, B) = [k > 0] * D(k, B) + V(k + 1, B) + O(B)  seconds per cycle
+    D       = drafter cost (grows with k for EAGLE-3, nearly flat for P-EAGLE)
+    V       = target cost of verifying k + 1 tokens
+    O       = the rest of the cycle (bookkeeping, streaming)
+
+D and V are straight lines fitted to the per-k medians of recent cycles measured at the current
+batch size (or the nearest one measured); a_j are decayed counts with a Beta prior, so the model
+keeps refreshing as the text changes. k = 0 (a plain decoding cycle) is allowed: a drafter that
+is never right costs nothing. Every ``probe_every`` cycles one cycle drafts deeper than the
+current choice, so acceptance at deeper positions and the slope of the costs stay measured.
+
+Worked example (P-EAGLE-like costs, ms): D(k) = 6 + 0.2k, V(n) = 50 + 0.5n, O = 2,
+a = 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, ...:
+    k=0: E=1.00, T=52.5 -> 19.0 tok/s per row       k=4: E=2.86, T=61.3 -> 46.7
+    k=1: E=1.80, T=59.2 -> 30.4                     k=5: E=2.93, T=62.0 -> 47.3  <- chosen
+    k=3: E=2.70, T=60.6 -> 44.5                     k=7: E=2.96, T=63.4 -> 46.6
+The choice never changes what is emitted: every cycle is verified, so output stays lossless.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from statistics import median
+
+import torch
+
+
+def _fit_line(points: dict[int, list[float]]) -> tuple[float, float]:
+    """Least-squares a + b*x over per-x medians, weighted by sample count; b clamped to >= 0."""
+    xs = [(x, median(v), len(v)) for x, v in points.items() if v]
+    if not xs:
+        return 0.0, 0.0
+    if len(xs) == 1:
+        return xs[0][1], 0.0
+    w = sum(c for _, _, c in xs)
+    mx = sum(x * c for x, _, c in xs) / w
+    my = sum(y * c for _, y, c in xs) / w
+    sxx = sum(c * (x - mx) ** 2 for x, _, c in xs)
+    b = max(sum(c * (x - mx) * (y - my) for x, y, c in xs) / sxx, 0.0) if sxx > 0 else 0.0
+    return my - b * mx, b
+
+
+class DraftKPolicy:
+    """Chooses draft_k per cycle from measured acceptance and measured costs.
+
+    Args:
+        max_k: deepest draft_k considered (generate() caps it by the drafter's max_draft_k).
+        min_k: shallowest draft_k considered; 0 allows plain-decoding cycles.
+        window: recent cycles kept per (batch size, k) for the cost medians.
+        decay: per-cycle decay of the acceptance counts (0.99 ~ the last few hundred cycles).
+        prior: Beta(prior_accept, prior_reject) pseudo-counts for every position's acceptance.
+        probe_every: every this many cycles, draft deeper than the current choice once.
+    """
+
+    def __init__(self, max_k: int = 16, min_k: int = 0, window: int = 32, decay: float = 0.99,
+                 prior: tuple[float, float] = (1.0, 1.0), probe_every: int = 16):
+        if not 0 <= min_k <= max_k or max_k < 1:
+            raise ValueError(f"need 0 <= min_k <= max_k and max_k >= 1, got min_k={min_k}, max_k={max_k}")
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        if probe_every < 2:
+            raise ValueError(f"probe_every must be >= 2, got {probe_every}")
+        self.max_k, self.min_k, self.window, self.decay = max_k, min_k, window, decay
+        self.prior, self.probe_every = prior, probe_every
+        self.tested = torch.zeros(max_k, dtype=torch.float64)  # [max_k] rows that reached draft j
+        self.accepted = torch.zeros(max_k, dtype=torch.float64)  # [max_k] rows that accepted draft j
+        # batch size -> k -> recent seconds
+        self._draft: dict[int, dict[int, deque]] = defaultdict(lambda: defaultdict(lambda: deque(maxlen=window)))
+        self._verify: dict[int, dict[int, deque]] = defaultdict(lambda: defaultdict(lambda: deque(maxlen=window)))
+        self._other: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))
+        self._cycles = 0
+        self._t_choose: float | None = None
+        self.history: list[int] = []  # k chosen each cycle (before generate() caps it at the budget)
+
+    # -- the model --------------------------------------------------------------------
+    def acceptance(self) -> torch.Tensor:
+        """[max_k] conditional acceptance a_j (posterior mean)."""
+        a, r = self.prior
+        return (self.accepted + a) / (self.tested + a + r)
+
+    def expected_tokens(self) -> torch.Tensor:
+        """[max_k + 1] E(k) for k = 0..max_k."""
+        return torch.cat([torch.ones(1, dtype=torch.float64), 1 + self.acceptance().cumprod(0).cumsum(0)])
+
+    def _nearest(self, table: dict, batch_size: int):
+        if not table:
+            return None
+        return table[min(table, key=lambda b: (abs(b - batch_size), b))]
+
+    def cycle_time(self, batch_size: int) -> torch.Tensor | None:
+        """[max_k + 1] predicted seconds per cycle for k = 0..max_k, or None before any data."""
+        verify = self._nearest(self._verify, batch_size)
+        if verify is None:
+            return None
+        va, vb = _fit_line({k + 1: list(v) for k, v in verify.items()})
+        draft = self._nearest(self._draft, batch_size) or {}
+        da, db = _fit_line({k: list(v) for k, v in draft.items() if k > 0})
+        other = self._nearest(self._other, batch_size)
+        o = median(other) if other else 0.0
+        ks = torch.arange(self.max_k + 1, dtype=torch.float64)
+        return (ks > 0) * (da + db * ks) + va + vb * (ks + 1) + o
+
+    def best_k(self, batch_size: int) -> int:
+        """argmax_k E(k) / T(k) over [min_k, max_k]; the seed schedule before costs are known."""
+        t = self.cycle_time(batch_size)
+        if t is None:
+            return self.max_k
+        rate = self.expected_tokens() / t.clamp_min(1e-9)
+        rate[: self.min_k] = -1.0
+        return int(rate.argmax())
+
+    # -- the hooks generate() calls ---------------------------------------------------
+    def choose(self, batch_size: int) -> int:
+        """draft_k for the next cycle at this batch size."""
+        self._t_choose = time.perf_counter()
+        # Seed: measure a deep, a shallow and a middle k before trusting the fit.
+        seed = [self.max_k, max(self.min_k, 1), max(self.min_k, (self.max_k + 1) // 2)]
+        if self._cycles < len(seed):
+            k = seed[self._cycles]
+        else:
+            k = self.best_k(batch_size)
+            if self._cycles % self.probe_every == 0:
+                k = min(self.max_k, max(k, 1) + 1 + (self._cycles // self.probe_every) % 3)
+        self.history.append(k)
+        return k
+
+    def observe(self, draft_k: int, batch_size: int, draft_s: float, verify_s: float,
+                num_accepted: torch.Tensor) -> None:
+        """Record one cycle: the k used, its batch size, times, and num_accepted [B] per row."""
+        self._cycles += 1
+        cycle_s = time.perf_counter() - self._t_choose if self._t_choose is not None else draft_s + verify_s
+        self._t_choose = None
+        self._verify[batch_size][draft_k].append(verify_s)
+        if draft_k > 0:
+            self._draft[batch_size][draft_k].append(draft_s)
+        self._other[batch_size].append(max(cycle_s - draft_s - verify_s, 0.0))
+        self.tested.mul_(self.decay)
+        self.accepted.mul_(self.decay)
+        if draft_k > 0:
+            n = num_accepted.detach().to("cpu", torch.long).clamp(0, draft_k)  # [B]
+            j = torch.arange(1, draft_k + 1)
+            # Draft j was judged when drafts 1..j-1 were all accepted, i.e. n >= j - 1.
+            self.tested[:draft_k] += (n[:, None] >= j - 1).sum(0).double()
+            self.accepted[:draft_k] += (n[:, None] >= j).sum(0).double()
+
+    def summary(self) -> dict:
+        """Mean chosen k and the current per-position acceptance (for reports)."""
+        hist = self.history
+        return {"mean_draft_k": sum(hist) / len(hist) if hist else 0.0, "cycles": self._cycles,
+                "acceptance": [round(x, 3) for x in self.acceptance().tolist()]}
+
+
+def make_policy(draft_k, drafter) -> DraftKPolicy:
+    """``"auto"`` -> a fresh DraftKPolicy sized for the drafter; a DraftKPolicy passes through."""
+    if isinstance(draft_k, DraftKPolicy):
+        return draft_k
+    if draft_k == "auto":
+        limit = getattr(drafter, "max_draft_k", None)
+        return DraftKPolicy(max_k=min(16, limit) if limit else 16)
+    raise ValueError(f"draft_k must be an integer >= 1, \"auto\" or a peagle.autok.DraftKPolicy, got {draft_k!r}")

@@ -1,0 +1,14 @@
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+# One thread: tiny test models gain nothing from two, and parallel jobs contend for the cores.
+torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

@@ -1,6 +1,27 @@
 """Fused kernels for peagle, each with a PyTorch twin and a dispatcher.
 
 Imported as ``peagle.kernels`` (setuptools maps this folder there; it is never a top-level
-``kernels`` module). ``import triton`` happens only inside the kernel modules, and nothing here
-probes CUDA at import time.
+``kernels`` module). ``import triton`` happens only inside the ``*_triton`` modules, loaded on
+first use, and nothing here probes CUDA at import time.
+
+* ``parallel_draft_attention``: a drafter pass's new queries over a ragged KV cache plus
+  themselves (causal), grouped-query heads; twin ``parallel_draft_attention_torch``.
+* ``tree_verify``: greedy or recursive rejection-sampling verification of a batch of draft
+  trees; twin ``tree_verify_torch``.
+
+Every entry point takes ``impl="auto" | "torch" | "triton"``; ``PEAGLE_KERNELS=torch|triton``
+overrides ``auto`` (see ``peagle.kernels.dispatch``). docs/kernels.md has the math and limits.
 """
+from .dispatch import resolve_impl
+from .parallel_draft_attention import parallel_draft_attention, parallel_draft_attention_torch
+from .tree_verify import TreeVerifyResult, tree_depths, tree_verify, tree_verify_torch
+
+__all__ = [
+    "TreeVerifyResult",
+    "parallel_draft_attention",
+    "parallel_draft_attention_torch",
+    "resolve_impl",
+    "tree_depths",
+    "tree_verify",
+    "tree_verify_torch",
+]

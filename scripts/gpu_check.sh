@@ -61,7 +61,10 @@ section pytest_gpu 150 "$PY" -m pytest -m gpu tests/gpu -q -p no:cacheprovider
 # --- 2. Kernel microbenchmarks: tree_verify and parallel_draft_attention vs their twins ----------
 section bench_kernels 120 "$PY" scripts/bench_kernels.py --out "$OUT_DIR/kernels.csv"
 
-# --- 3+. Further sections (e.g. FP8) go here. ----------------------------------------------------
+# --- 3. FP8: _scaled_mm vs emulation on device; Llama-8B-shaped decode step FP8 vs bf16 ---------
+section fp8 180 "$PY" scripts/gpu_fp8_check.py --out "$OUT_DIR/fp8"
+
+# --- 4+. Further sections go here. ---------------------------------------------------------------
 
 echo "=== summary (also in $SUMMARY)"
 cat "$SUMMARY"

@@ -1,0 +1,75 @@
+"""Attention over a packed training stream, in query chunks, without an [E, E] mask.
+
+Visibility rule (peagle/train/plan.py): query (a, d) sees key (a', d') iff they belong to the same
+sequence and either d' = 0 and a' <= a, or a' = a and 1 <= d' <= d.
+
+Keys arrive as *groups*, each sorted by anchor, so the keys a chunk of queries with anchors in
+[lo, hi] can see form one contiguous range per group (found by binary search). Each chunk builds
+its small mask on the fly; when a pass needs several chunks and gradients are on, each chunk is
+recomputed in backward (activation checkpointing) so the peak memory stays one chunk's scores.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass
+class KeyGroup:
+    k: torch.Tensor  # [E, Hkv, D]
+    v: torch.Tensor  # [E, Hkv, D]
+    anchor: torch.Tensor  # [E] sorted ascending
+    depth: torch.Tensor  # [E]
+    doc: torch.Tensor  # [E]
+
+
+def visible(q_anchor, q_depth, q_doc, k_anchor, k_depth, k_doc) -> torch.Tensor:
+    """[Q], [K] metadata -> [Q, K] bool."""
+    same_doc = q_doc[:, None] == k_doc[None, :]
+    context = (k_depth[None, :] == 0) & (k_anchor[None, :] <= q_anchor[:, None])
+    chain = (k_anchor[None, :] == q_anchor[:, None]) & (k_depth[None, :] >= 1) & (k_depth[None, :] <= q_depth[:, None])
+    return same_doc & (context | chain)
+
+
+def _attend_chunk(q, q_anchor, q_depth, q_doc, ranges, *kv_and_meta):
+    """q [Q, Hq, D]; kv_and_meta = (k, v, anchor, depth, doc) per key group, ranges = [(start, end)]."""
+    ks, vs, ka, kd, kdoc = [], [], [], [], []
+    for g, (s, e) in enumerate(ranges):
+        k, v, a, d, doc = kv_and_meta[5 * g: 5 * g + 5]
+        ks.append(k[s:e]), vs.append(v[s:e]), ka.append(a[s:e]), kd.append(d[s:e]), kdoc.append(doc[s:e])
+    k, v = torch.cat(ks), torch.cat(vs)
+    mask = visible(q_anchor, q_depth, q_doc, torch.cat(ka), torch.cat(kd), torch.cat(kdoc))
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
+    return out.transpose(0, 1)
+
+
+def packed_attention(q: torch.Tensor, q_anchor: torch.Tensor, q_depth: torch.Tensor, q_doc: torch.Tensor,
+                     keys: list[KeyGroup], doc_start: torch.Tensor, budget: int = 1 << 25) -> torch.Tensor:
+    """Attention of queries q [Q, Hq, D] (sorted by anchor) over key groups -> [Q, Hq, D].
+
+    budget: largest number of attention scores (queries x keys x heads) one chunk may hold.
+    """
+    Q, Hq, _ = q.shape
+    total_keys = max(1, sum(g.anchor.numel() for g in keys))
+    chunk = max(16, budget // (Hq * total_keys))
+    starts = list(range(0, Q, chunk))
+    use_ckpt = len(starts) > 1 and torch.is_grad_enabled()
+    flat = [t for g in keys for t in (g.k, g.v, g.anchor, g.depth, g.doc)]
+    outs = []
+    for s in starts:
+        e = min(s + chunk, Q)
+        lo = int(doc_start[q_doc[s]])
+        hi = int(q_anchor[e - 1])
+        ranges = [(int(torch.searchsorted(g.anchor, lo)), int(torch.searchsorted(g.anchor, hi, right=True))) for g in keys]
+        args = (q[s:e], q_anchor[s:e], q_depth[s:e], q_doc[s:e], ranges, *flat)
+        if use_ckpt:
+            outs.append(checkpoint(_attend_chunk, *args, use_reentrant=False))
+        else:
+            outs.append(_attend_chunk(*args))
+    return torch.cat(outs) if len(outs) > 1 else outs[0]

@@ -1,0 +1,206 @@
+"""Regenerating answers with the target, shard by shard, resumable.
+
+Layout of a data directory::
+
+    OUT/settings.json        target, sampling, shard size: a resumed run must match it
+    OUT/prompts.jsonl        the ordered prompt list (written once; shard i = lines [i*S, (i+1)*S))
+    OUT/shards/00000/        a `datasets` dataset (save_to_disk) + peagle_meta.json
+    OUT/shards/00001/ ...
+
+A shard directory appears only when complete (written under a temporary name, then renamed), so
+an interrupted run resumes at the first missing shard. Each row holds the chat-templated prompt
+followed by the target's answer: ``input_ids`` (int32), ``prompt_len``, ``response_len``,
+``finished`` (the answer ended with eos rather than the token budget).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..target import Target
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    target: str  # "default" (the embedded SmolLM2) or an HF id / path
+    dtype: str = "bfloat16"  # target dtype while generating
+    max_new_tokens: int = 256  # answer budget per prompt (eos included)
+    max_prompt_tokens: int = 512  # longer chat-templated prompts are dropped
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus sampling when temperature > 0
+    seed: int = 0  # sampling seed (shard i uses seed + i)
+    shard_size: int = 64  # prompts per shard
+    batch_size: int = 16  # rows decoded together
+
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "max_prompt_tokens", "shard_size", "batch_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def load_target_by_name(name: str, dtype: str | torch.dtype = "bfloat16", device: str = "cpu") -> Target:
+    """"default" -> the embedded SmolLM2 (``peagle.load_target``); else an HF id or local path."""
+    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    if name in ("default", "embedded", "smollm2"):
+        from ..embedded import load_target
+
+        return load_target(dtype=torch_dtype, device=device)
+    return Target.from_pretrained(name, dtype=torch_dtype).to_device(device)
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def prepare(out: str | Path, prompts: list[dict], settings: GenerationSettings) -> None:
+    """Write settings.json and prompts.jsonl once; on resume check they match."""
+    out = Path(out)
+    (out / "shards").mkdir(parents=True, exist_ok=True)
+    s_path, p_path = out / "settings.json", out / "prompts.jsonl"
+    if s_path.exists():
+        old = json.loads(s_path.read_text())
+        if old != asdict(settings):
+            diff = {k: (old.get(k), v) for k, v in asdict(settings).items() if old.get(k) != v}
+            raise ValueError(f"{out} was started with other settings (old, new): {diff}; use another --out or the same options")
+        return
+    tmp = p_path.with_name(p_path.name + ".tmp")
+    with open(tmp, "w") as f:
+        for p in prompts:
+            f.write(json.dumps(p) + "\n")
+    os.replace(tmp, p_path)
+    _write_json(s_path, asdict(settings))
+
+
+def read_prompts(out: str | Path) -> list[dict]:
+    with open(Path(out) / "prompts.jsonl") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def shard_dir(out: str | Path, index: int) -> Path:
+    return Path(out) / "shards" / f"{index:05d}"
+
+
+def _encode(target: Target, text: str) -> list[int]:
+    tok = target.tokenizer
+    return list(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=False))
+
+
+def generate_answers(target: Target, prompt_ids: list[list[int]], settings: GenerationSettings,
+                     seed: int) -> list[list[int]]:
+    """Answers for a list of encoded prompts, in batches of similar length (peagle.generate, no drafter)."""
+    from ..generate import generate
+
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    answers: list[list[int] | None] = [None] * len(prompt_ids)
+    for start in range(0, len(order), settings.batch_size):
+        idx = order[start: start + settings.batch_size]
+        out = generate(target, None, [prompt_ids[i] for i in idx], max_new_tokens=settings.max_new_tokens,
+                       temperature=settings.temperature, top_p=settings.top_p, seed=seed + start)
+        for i, seq in zip(idx, out.sequences):
+            answers[i] = list(seq)
+    return answers  # type: ignore[return-value]
+
+
+def generate_shard(target: Target, out: Path, index: int, prompts: list[dict], settings: GenerationSettings,
+                   progress=None) -> dict:
+    """Generate one shard and publish it atomically; returns its metadata."""
+    from datasets import Dataset
+    from datasets.utils.logging import disable_progress_bar
+
+    disable_progress_bar()
+    t0 = time.perf_counter()
+    eos = target.eos_token_ids
+    rows = {"id": [], "source": [], "input_ids": [], "prompt_len": [], "response_len": [], "finished": []}
+    encoded = [(p, _encode(target, p["text"])) for p in prompts]
+    skipped = [p["id"] for p, ids in encoded if len(ids) > settings.max_prompt_tokens]
+    encoded = [(p, ids) for p, ids in encoded if len(ids) <= settings.max_prompt_tokens]
+    for start in range(0, len(encoded), settings.batch_size):
+        chunk = encoded[start: start + settings.batch_size]
+        answers = generate_answers(target, [ids for _, ids in chunk], settings, settings.seed + 1000 * index + start)
+        for (p, ids), ans in zip(chunk, answers):
+            rows["id"].append(p["id"])
+            rows["source"].append(p["source"])
+            rows["input_ids"].append(ids + ans)
+            rows["prompt_len"].append(len(ids))
+            rows["response_len"].append(len(ans))
+            rows["finished"].append(bool(ans) and ans[-1] in eos)
+        if progress is not None:
+            progress.update(len(chunk))
+    if progress is not None and skipped:
+        progress.update(len(skipped))
+    meta = {
+        "shard": index, "rows": len(rows["id"]), "skipped_long_prompts": skipped,
+        "prompt_tokens": int(sum(rows["prompt_len"])), "response_tokens": int(sum(rows["response_len"])),
+        "finished_rows": int(sum(rows["finished"])), "seconds": round(time.perf_counter() - t0, 1),
+        "settings": asdict(settings), "target_config": getattr(target.config, "_name_or_path", None) or settings.target,
+        "torch": torch.__version__, "host": platform.node(), "threads": torch.get_num_threads(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    final = shard_dir(out, index)
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    ds = Dataset.from_dict(rows)
+    ds.save_to_disk(str(tmp))
+    (tmp / "peagle_meta.json").write_text(json.dumps(meta, indent=1))
+    os.replace(tmp, final)
+    return meta
+
+
+def regenerate(target: Target, prompts: list[dict], out: str | Path, settings: GenerationSettings,
+               max_shards: int | None = None, show_progress: bool = True) -> list[dict]:
+    """Regenerate answers for ``prompts`` into ``out`` (resumes after interruption).
+
+    Returns the metadata of every complete shard. ``max_shards`` stops after that many new shards.
+    """
+    from tqdm.auto import tqdm
+
+    out = Path(out)
+    prepare(out, prompts, settings)
+    prompts = read_prompts(out)
+    n_shards = (len(prompts) + settings.shard_size - 1) // settings.shard_size
+    todo = [i for i in range(n_shards) if not (shard_dir(out, i) / "peagle_meta.json").exists()]
+    done = n_shards - len(todo)
+    bar = tqdm(total=len(prompts), initial=min(done * settings.shard_size, len(prompts)), unit="prompt",
+               desc="regenerate", disable=not show_progress, mininterval=10)
+    for count, i in enumerate(todo):
+        if max_shards is not None and count >= max_shards:
+            break
+        meta = generate_shard(target, out, i, prompts[i * settings.shard_size: (i + 1) * settings.shard_size], settings, bar)
+        bar.write(f"shard {i:05d}: {meta['rows']} rows, {meta['response_tokens']} answer tokens, {meta['seconds']} s")
+    bar.close()
+    return shard_metadata(out)
+
+
+def shard_metadata(out: str | Path) -> list[dict]:
+    metas = []
+    for d in sorted((Path(out) / "shards").glob("[0-9]*")):
+        m = d / "peagle_meta.json"
+        if d.is_dir() and not d.name.endswith(".tmp") and m.exists():
+            metas.append(json.loads(m.read_text()))
+    return metas
+
+
+def load_data(path: str | Path):
+    """All complete shards of a data directory as one `datasets.Dataset`."""
+    from datasets import concatenate_datasets, load_from_disk
+
+    path = Path(path)
+    dirs = [shard_dir(path, m["shard"]) for m in shard_metadata(path)]
+    if not dirs:
+        raise FileNotFoundError(f"{path} holds no complete shard (run `peagle train data --out {path}` first)")
+    return concatenate_datasets([load_from_disk(str(d)) for d in dirs])

@@ -1,0 +1,200 @@
+"""The training forward of a draft head over a packed stream, and the two objectives.
+
+The head's own submodules run here (``layers[i]``, ``fc``, ``norm``, ``lm_head``,
+``embed``), so a trained head drafts with exactly this math in ``peagle.generate``; only
+attention differs: the packed mask of peagle/train/attention.py instead of the ragged cache.
+
+A step is a sequence of *passes*; a pass's queries see the keys of every earlier pass and of
+itself (KV-cache style). P-EAGLE: one pass [depth-0 elements, COD chains]; with S segments,
+per segment a checkpointed no-loss pass over the preceding depth-0 elements, then the segment's
+own elements. EAGLE-3: one pass per depth (training-time test), each reading the previous
+depth's outputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from ..drafters.layers import rope_cos_sin
+from .attention import KeyGroup, packed_attention
+from .plan import Group, Packed, Segment, depth0, eagle3_depths, peagle_chains, segments
+
+TTT_DECAY = 0.8  # EAGLE-3 loss weight of depth d: 0.8^d
+
+
+@dataclass
+class Features:
+    """Teacher-forced target features of a packed stream."""
+
+    aux: torch.Tensor  # [T_total, A] target aux states (input of fc)
+    target_logits: Callable[[torch.Tensor], torch.Tensor]  # rows [E] -> [E, N] over the draft vocab
+
+
+class PassRunner:
+    """Runs passes of elements through the head's layers, keeping every pass's keys/values."""
+
+    def __init__(self, head, packed: Packed, budget: int = 1 << 25):
+        self.head, self.packed, self.budget = head, packed, budget
+        self.keys: list[list[KeyGroup]] = [[] for _ in head.layers]
+
+    def run(self, groups: list[Group], hidden: torch.Tensor) -> torch.Tensor:
+        """groups' elements (concatenated) with input hidden [E, H] -> pre-norm outputs [E, H]."""
+        head, cfg = self.head, self.head.config
+        g = Group.cat(groups) if len(groups) > 1 else groups[0]
+        sizes = [len(x) for x in groups]
+        cos, sin = rope_cos_sin(g.position[None], cfg.head_dim, cfg.rope_theta, hidden.dtype)
+        emb = head.embed(g.token[None]).to(hidden.dtype)
+        h = hidden[None]
+        for i, layer in enumerate(head.layers):
+            def attend(q, k, v, i=i):
+                kg, vg, qg = k[0].split(sizes), v[0].split(sizes), q[0].split(sizes)
+                for grp, kk, vv in zip(groups, kg, vg):
+                    self.keys[i].append(KeyGroup(kk, vv, grp.anchor, grp.depth, grp.doc))
+                outs = [packed_attention(qq, grp.anchor, grp.depth, grp.doc, self.keys[i], self.packed.doc_start, self.budget)
+                        for grp, qq in zip(groups, qg) if len(grp)]
+                return torch.cat(outs)[None]
+            h, _ = layer(h, emb if i == 0 else None, cos, sin, attend)
+        return h[0]
+
+    def add_prefix(self, prefix: Group, hidden_fn: Callable[[Group], torch.Tensor]) -> None:
+        """A no-loss pass whose keys/values later passes read; recomputed in backward (checkpoint)."""
+        if len(prefix) == 0:
+            return
+        n = len(self.head.layers)
+
+        def kv(anchor_rows):
+            inner = PassRunner(self.head, self.packed, self.budget)
+            inner.run([prefix], hidden_fn(prefix))
+            return tuple(t for layer in inner.keys for kg in layer for t in (kg.k, kg.v))
+
+        flat = checkpoint(kv, prefix.anchor, use_reentrant=False) if torch.is_grad_enabled() else kv(prefix.anchor)
+        for i in range(n):
+            self.keys[i].append(KeyGroup(flat[2 * i], flat[2 * i + 1], prefix.anchor, prefix.depth, prefix.doc))
+
+
+def kl_target_draft(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) per row over the draft vocabulary: p = softmax(target), q = softmax(draft). [E, N] -> [E]."""
+    logp = F.log_softmax(target_logits.float(), dim=-1)
+    logq = F.log_softmax(draft_logits.float(), dim=-1)
+    return (logp.exp() * (logp - logq)).sum(-1)
+
+
+@dataclass
+class StepStats:
+    """Sums over supervised elements (divide by counts for means), per depth."""
+
+    loss_sum: list[float] = field(default_factory=list)  # weighted KL summed, per depth
+    correct: list[float] = field(default_factory=list)  # draft argmax == target argmax, per depth
+    count: list[float] = field(default_factory=list)  # supervised elements, per depth
+    objective: float = 0.0  # the normalised loss that was backpropagated
+
+    def add(self, depth: torch.Tensor, kl: torch.Tensor, correct: torch.Tensor, max_depth: int) -> None:
+        for lst in (self.loss_sum, self.correct, self.count):
+            lst.extend([0.0] * (max_depth - len(lst)))
+        d = depth.long()
+        self.loss_sum = (torch.tensor(self.loss_sum) + torch.zeros(max_depth).index_add_(0, d.cpu(), kl.detach().float().cpu())).tolist()
+        self.correct = (torch.tensor(self.correct) + torch.zeros(max_depth).index_add_(0, d.cpu(), correct.float().cpu())).tolist()
+        self.count = (torch.tensor(self.count) + torch.bincount(d.cpu(), minlength=max_depth)[:max_depth].float()).tolist()
+
+
+def _supervised_loss(head, out: torch.Tensor, group: Group, feats: Features, scale: torch.Tensor | float,
+                     stats: StepStats, max_depth: int) -> torch.Tensor:
+    sup = group.weight > 0
+    if not bool(sup.any()):
+        return out.sum() * 0.0
+    draft = head.logits(out[sup])
+    tgt = feats.target_logits(group.label[sup])
+    kl = kl_target_draft(draft, tgt)
+    stats.add(group.depth[sup], kl, draft.argmax(-1) == tgt.argmax(-1), max_depth)
+    w = scale[group.depth[sup]] if isinstance(scale, torch.Tensor) else scale
+    return (kl * w).sum()
+
+
+def _fc_hidden(head, feats: Features):
+    def hidden(g: Group) -> torch.Tensor:
+        x = feats.aux[g.anchor].to(head.fc.weight.dtype)
+        return head.fc(x)
+    return hidden
+
+
+@dataclass
+class PEaglePlan:
+    packed: Packed
+    d0: Group
+    chains: Group
+
+    @property
+    def num_supervised(self) -> int:
+        return self.d0.num_supervised + self.chains.num_supervised
+
+
+def plan_peagle(packed: Packed, max_depth: int, mask_token_id: int, ratio: float = 0.8, min_ratio: float = 0.2,
+                generator: torch.Generator | None = None) -> PEaglePlan:
+    d0 = depth0(packed)
+    return PEaglePlan(packed, d0, peagle_chains(packed, d0, max_depth, mask_token_id, ratio, min_ratio, generator))
+
+
+def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float, num_segments: int = 1,
+                backward: bool = True, budget: int = 1 << 25) -> StepStats:
+    """P-EAGLE loss sum(KL) / norm over the plan's supervised elements, S forward+backward passes.
+
+    norm: the supervised count of the whole global batch (so gradients add up across
+    micro-batches, segments and processes).
+    """
+    stats = StepStats()
+    K = head.config.max_draft_k
+    fc_hidden = _fc_hidden(head, feats)
+    for seg in segments(plan.d0, plan.chains, num_segments):
+        runner = PassRunner(head, plan.packed, budget)
+        runner.add_prefix(seg.prefix, fc_hidden)
+        own0, chains = seg.own
+        h0 = fc_hidden(own0)
+        parts = [own0] + ([chains] if len(chains) else [])
+        hidden = h0 if len(chains) == 0 else torch.cat([h0, head.fc(head.mask_hidden.reshape(1, -1).to(h0.dtype)).expand(len(chains), -1)])
+        out = runner.run(parts, hidden)
+        group = Group.cat(parts) if len(parts) > 1 else own0
+        loss = _supervised_loss(head, out, group, feats, 1.0 / norm, stats, max(K, 1))
+        stats.objective += float(loss.detach())
+        if backward and loss.requires_grad:
+            loss.backward()
+    return stats
+
+
+@dataclass
+class Eagle3Plan:
+    packed: Packed
+    d0: Group
+    depths: list[Group]
+
+    def counts(self, steps: int) -> list[int]:
+        c = [self.d0.num_supervised] + [g.num_supervised for g in self.depths]
+        return c + [0] * (steps - len(c))
+
+
+def plan_eagle3(packed: Packed, steps: int = 7) -> Eagle3Plan:
+    d0 = depth0(packed)
+    return Eagle3Plan(packed, d0, eagle3_depths(packed, d0, steps))
+
+
+def eagle3_step(head, plan: Eagle3Plan, feats: Features, norms: list[float], steps: int = 7,
+                backward: bool = True, budget: int = 1 << 25) -> StepStats:
+    """Training-time test: sum_d 0.8^d * sum(KL at depth d) / norms[d], depths unrolled in sequence."""
+    stats = StepStats()
+    scale = torch.tensor([TTT_DECAY ** d / max(n, 1.0) for d, n in enumerate(norms)], device=feats.aux.device)
+    runner = PassRunner(head, plan.packed, budget)
+    prev_group, prev_out = plan.d0, runner.run([plan.d0], _fc_hidden(head, feats)(plan.d0))
+    total = _supervised_loss(head, prev_out, plan.d0, feats, scale, stats, steps)
+    for g in plan.depths[: steps - 1]:
+        # g's anchors are a subset of prev_group's, both sorted: find each one's parent row.
+        parent = torch.searchsorted(prev_group.anchor, g.anchor)
+        out = runner.run([g], prev_out[parent])
+        total = total + _supervised_loss(head, out, g, feats, scale, stats, steps)
+        prev_group, prev_out = g, out
+    stats.objective = float(total.detach())
+    if backward and total.requires_grad:
+        total.backward()
+    return stats

@@ -79,7 +79,8 @@ class DraftHead(nn.Module):
         self.check_target(target)
         if tuple(target.aux_layer_ids) != self.config.aux_layer_ids:
             target.set_aux_layer_ids(self.config.aux_layer_ids)
-        self._target_embed = target.input_embeddings()
+        # Borrowed, not a submodule: the target's table must not enter state_dict(), .to() or parameters().
+        object.__setattr__(self, "_target_embed", target.input_embeddings())
         if self.embed_tokens is None and self.trains_embedding:
             # P-EAGLE learns the mask token's row, so it owns a copy of the target's table.
             self.embed_tokens = nn.Embedding.from_pretrained(self._target_embed.weight.detach().clone(), freeze=False)

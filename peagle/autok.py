@@ -9,8 +9,9 @@ Throughput of one cycle at batch size B with k drafts per row is B * E(k) / T(k,
     V       = target cost of verifying k + 1 tokens
     O       = the rest of the cycle (bookkeeping, streaming)
 
-D and V are straight lines fitted to the per-k medians of recent cycles measured at the current
-batch size (or the nearest one measured); a_j are decayed counts with a Beta prior, so the model
+D and V are straight lines fitted to the per-k lower quartiles of recent cycles measured at the
+current batch size (or the nearest one measured; the first cycle at each batch size is a warm-up
+and not timed); a_j are decayed counts with a Beta prior, so the model
 keeps refreshing as the text changes. k = 0 (a plain decoding cycle) is allowed: a drafter that
 is never right costs nothing. Every ``probe_every`` cycles one cycle drafts deeper than the
 current choice, so acceptance at deeper positions and the slope of the costs stay measured.
@@ -26,14 +27,18 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict, deque
-from statistics import median
-
 import torch
 
 
+def _low_quartile(values) -> float:
+    """A shared machine only ever adds time: the lower quartile of recent samples is the steady cost."""
+    v = sorted(values)
+    return v[(len(v) - 1) // 4]
+
+
 def _fit_line(points: dict[int, list[float]]) -> tuple[float, float]:
-    """Least-squares a + b*x over per-x medians, weighted by sample count; b clamped to >= 0."""
-    xs = [(x, median(v), len(v)) for x, v in points.items() if v]
+    """Least-squares a + b*x over per-x lower quartiles, weighted by sample count; b clamped to >= 0."""
+    xs = [(x, _low_quartile(v), len(v)) for x, v in points.items() if v]
     if not xs:
         return 0.0, 0.0
     if len(xs) == 1:
@@ -52,7 +57,7 @@ class DraftKPolicy:
     Args:
         max_k: deepest draft_k considered (generate() caps it by the drafter's max_draft_k).
         min_k: shallowest draft_k considered; 0 allows plain-decoding cycles.
-        window: recent cycles kept per (batch size, k) for the cost medians.
+        window: recent cycles kept per (batch size, k) for the cost estimates.
         decay: per-cycle decay of the acceptance counts (0.99 ~ the last few hundred cycles).
         prior: Beta(prior_accept, prior_reject) pseudo-counts for every position's acceptance.
         probe_every: every this many cycles, draft deeper than the current choice once.
@@ -75,6 +80,7 @@ class DraftKPolicy:
         self._verify: dict[int, dict[int, deque]] = defaultdict(lambda: defaultdict(lambda: deque(maxlen=window)))
         self._other: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))
         self._cycles = 0
+        self._seen_batch: set[int] = set()
         self._t_choose: float | None = None
         self.history: list[int] = []  # k chosen each cycle (before generate() caps it at the budget)
 
@@ -102,7 +108,7 @@ class DraftKPolicy:
         draft = self._nearest(self._draft, batch_size) or {}
         da, db = _fit_line({k: list(v) for k, v in draft.items() if k > 0})
         other = self._nearest(self._other, batch_size)
-        o = median(other) if other else 0.0
+        o = _low_quartile(other) if other else 0.0
         ks = torch.arange(self.max_k + 1, dtype=torch.float64)
         return (ks > 0) * (da + db * ks) + va + vb * (ks + 1) + o
 
@@ -119,8 +125,9 @@ class DraftKPolicy:
     def choose(self, batch_size: int) -> int:
         """draft_k for the next cycle at this batch size."""
         self._t_choose = time.perf_counter()
-        # Seed: measure a deep, a shallow and a middle k before trusting the fit.
-        seed = [self.max_k, max(self.min_k, 1), max(self.min_k, (self.max_k + 1) // 2)]
+        # Seed: a warm-up cycle, then a deep, a shallow and a middle k before trusting the fit.
+        mid = max(self.min_k, (self.max_k + 1) // 2)
+        seed = [mid, self.max_k, max(self.min_k, 1), mid]
         if self._cycles < len(seed):
             k = seed[self._cycles]
         else:
@@ -136,10 +143,12 @@ class DraftKPolicy:
         self._cycles += 1
         cycle_s = time.perf_counter() - self._t_choose if self._t_choose is not None else draft_s + verify_s
         self._t_choose = None
-        self._verify[batch_size][draft_k].append(verify_s)
-        if draft_k > 0:
-            self._draft[batch_size][draft_k].append(draft_s)
-        self._other[batch_size].append(max(cycle_s - draft_s - verify_s, 0.0))
+        if batch_size in self._seen_batch:
+            self._verify[batch_size][draft_k].append(verify_s)
+            if draft_k > 0:
+                self._draft[batch_size][draft_k].append(draft_s)
+            self._other[batch_size].append(max(cycle_s - draft_s - verify_s, 0.0))
+        self._seen_batch.add(batch_size)
         self.tested.mul_(self.decay)
         self.accepted.mul_(self.decay)
         if draft_k > 0:

@@ -1,0 +1,162 @@
+"""`peagle bench`: plain decoding, EAGLE-3, P-EAGLE, n-gram and HF generate on the same prompts.
+
+    peagle bench                                  # embedded SmolLM2, bf16, HumanEval + MT-Bench
+    peagle bench --draft-k 3,7,11,auto --batch-sizes 1,4,8 --temperatures 0,0.7
+    peagle bench --prompts my.jsonl --datasets ""  # any JSONL with a "prompt" field
+    peagle bench --quick                          # seconds, on a tiny random model (smoke test)
+
+Prints the human tables first and, as its last stdout line, one JSON document with every row;
+writes report.md, rows.csv, rows.json and three PNG plots under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from .arms import ARMS, ArmRunner
+from .sweep import SweepConfig, count_runs, run_group
+
+DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32",
+          "float16": "float16", "fp16": "float16"}
+
+#: (full default, --quick default) for every option --quick changes
+_DEFAULTS = {
+    "model": ("embedded", "tiny"), "dtype": ("bfloat16", "float32"), "datasets": ("humaneval,mtbench", "humaneval"),
+    "draft_k": ("3,7,11,auto", "3,auto"), "batch_sizes": ("1,4,8", "1,2"), "temperatures": ("0", "0,0.7"),
+    "num_prompts": (8, 2), "max_new_tokens": (128, 16), "repeats": (1, 1), "warmup": (1, 1),
+    "threads": (0, 1),  # 0 = torch's choice; a tiny model runs fastest (and steadiest) on one thread
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="tiny random model, tiny sweep: a smoke test in seconds")
+    p.add_argument("--model", help="embedded (SmolLM2-135M-Instruct), tiny (random, for tests) or an HF model dir")
+    p.add_argument("--dtype", help="bfloat16 | float32 | float16 (default bfloat16; --quick float32)")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma list from {','.join(ARMS)}")
+    p.add_argument("--draft-k", dest="draft_k", help="comma list of draft_k values and/or auto (default 3,7,11,auto)")
+    p.add_argument("--batch-sizes", dest="batch_sizes", help="concurrency levels (default 1,4,8)")
+    p.add_argument("--datasets", help="comma list: humaneval, mtbench (default both)")
+    p.add_argument("--prompts", action="append", default=[], metavar="FILE", help="JSONL file with a `prompt` field (repeatable)")
+    p.add_argument("--num-prompts", dest="num_prompts", type=int, help="prompts per dataset (default 8)")
+    p.add_argument("--temperatures", help="comma list; 0 = greedy (default 0; e.g. 0,0.7)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (batch i of a repeat uses seed + i)")
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, help="tokens per prompt (default 128)")
+    p.add_argument("--repeats", type=int, help="timed repeats; rows report medians (default 1)")
+    p.add_argument("--warmup", type=int, help="untimed warm-up calls per arm and group (default 1)")
+    p.add_argument("--no-chat", dest="chat", action="store_false", help="feed prompts raw, without the chat template")
+    p.add_argument("--peagle-head", help="trained P-EAGLE head for peagle.load_drafter (default: the shipped one)")
+    p.add_argument("--eagle3-head", help="trained EAGLE-3 head for peagle.load_drafter (default: the shipped one)")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice; --quick 1)")
+    p.add_argument("--out", help="output directory (default runs/bench-<date>)")
+
+
+def _resolve(args: argparse.Namespace) -> argparse.Namespace:
+    for name, (full, quick) in _DEFAULTS.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, quick if args.quick else full)
+    return args
+
+
+def _split(text: str, cast=str) -> tuple:
+    return tuple(cast(x.strip()) for x in str(text).split(",") if x.strip())
+
+
+def _k(x: str):
+    return "auto" if x == "auto" else int(x)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    import transformers
+
+    args = _resolve(args)
+    transformers.logging.set_verbosity_error()
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import torch
+
+    from peagle import NgramDrafter
+    from peagle.evalsets import dataset_label, load_prompts
+    from peagle.prompts import encode_prompts
+    from tqdm.auto import tqdm
+
+    from .models import load_bench_target, load_head
+    from .report import human_report, json_line, machine_info, write_csv, write_plots
+
+    arms = _split(args.arms)
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise SystemExit(f"--arms must be a comma list from {', '.join(ARMS)}, got unknown {unknown}")
+    dtype = getattr(torch, DTYPES.get(args.dtype, args.dtype))
+    cfg = SweepConfig(arms=arms, draft_ks=_split(args.draft_k, _k), batch_sizes=_split(args.batch_sizes, int),
+                      temperatures=_split(args.temperatures, float), max_new_tokens=args.max_new_tokens,
+                      repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+    datasets = list(_split(args.datasets)) + list(args.prompts)
+    if not datasets:
+        raise SystemExit("nothing to run: give --datasets and/or --prompts FILE")
+    out_dir = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    target = load_bench_target(args.model, dtype)
+    drafters, heads = {}, {}
+    for kind, path in (("peagle", args.peagle_head), ("eagle3", args.eagle3_head)):
+        if kind in arms:
+            head = load_head(kind, target, path, allow_trained=args.model == "embedded" or path is not None)
+            drafters[kind], heads[kind] = head.drafter, head.source
+    if "ngram" in arms:
+        drafters["ngram"], heads["ngram"] = NgramDrafter(), "prompt lookup (no weights)"
+    runner = ArmRunner(target, drafters)
+    prompts = {dataset_label(d): encode_prompts(target, load_prompts(d, args.num_prompts), chat=args.chat) for d in datasets}
+
+    meta = {"command": "peagle bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"]
+            else " ".join(shlex.quote(a) for a in sys.argv), "model": args.model, "dtype": str(dtype).replace("torch.", ""),
+            "chat": args.chat, "heads": heads, "machine": machine_info(), "config": {
+                "arms": list(arms), "draft_k": list(cfg.draft_ks), "batch_sizes": list(cfg.batch_sizes),
+                "temperatures": list(cfg.temperatures), "datasets": list(prompts), "num_prompts": args.num_prompts,
+                "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "warmup": cfg.warmup, "seed": cfg.seed}}
+    for kind, source in heads.items():
+        if not source.startswith("trained") and kind != "ngram":
+            print(f"warning: {kind}: {source}", file=sys.stderr)
+
+    rows, notes = [], []
+    n_groups = len(prompts) * len(cfg.temperatures)
+    with tqdm(total=count_runs(cfg, n_groups), desc="bench", unit="arm", file=sys.stderr) as bar:
+        for name, ids in prompts.items():
+            for temperature in cfg.temperatures:
+                for batch_size in cfg.batch_sizes:
+                    bar.set_postfix_str(f"{name} T={temperature:g} B={batch_size}")
+                    r, n = run_group(runner, cfg, ids, dataset=name, temperature=temperature,
+                                     batch_size=batch_size, progress=bar)
+                    rows += r
+                    notes += n
+    notes += [f"{kind}: {source}" for kind, source in heads.items() if "random-init" in source]
+
+    report = human_report(rows, notes, meta)
+    print(report)
+    (out_dir / "report.md").write_text(report + "\n")
+    write_csv(rows, out_dir / "rows.csv")
+    plots = write_plots(rows, out_dir)
+    line = json_line(rows, notes, meta)
+    (out_dir / "rows.json").write_text(line + "\n")
+    print(f"wrote {out_dir / 'report.md'}, {out_dir / 'rows.csv'}, {out_dir / 'rows.json'}, "
+          + ", ".join(str(p) for p in plots))
+    print(line)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="peagle bench", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+

@@ -1,0 +1,137 @@
+"""The benchmark's arms and the one rule every arm's tokens are counted by.
+
+An arm turns a batch of token-id prompts into generated token ids. peagle arms (plain, EAGLE-3,
+P-EAGLE, n-gram) run :func:`peagle.generate`; the peers run Hugging Face ``model.generate`` on the
+same model object: plain, and prompt-lookup assisted generation (``prompt_lookup_num_tokens``).
+Every arm is timed by the same ``perf_counter`` pair around the call and its tokens are counted by
+:func:`count_emitted`: tokens up to and including the first eos, so HF's padding after eos in a
+batch is never counted.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+import peagle
+from peagle.autok import DraftKPolicy
+
+ARMS = ("plain", "eagle3", "peagle", "ngram", "hf_generate", "hf_prompt_lookup")
+LABELS = {"plain": "plain", "eagle3": "EAGLE-3", "peagle": "P-EAGLE", "ngram": "n-gram",
+          "hf_generate": "HF generate", "hf_prompt_lookup": "HF prompt lookup"}
+DRAFTING = ("eagle3", "peagle", "ngram", "hf_prompt_lookup")  # arms that take a draft_k
+PEAGLE_ARMS = ("plain", "eagle3", "peagle", "ngram")  # arms that run peagle.generate
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    arm: str  # one of ARMS
+    draft_k: int | str = 0  # 0 for arms without drafts; "auto" = peagle.autok.DraftKPolicy
+
+    @property
+    def label(self) -> str:
+        k = "" if self.arm not in DRAFTING else f" K={self.draft_k}" if self.draft_k != "auto" else " auto"
+        return LABELS[self.arm] + k
+
+
+@dataclass
+class CallResult:
+    """One arm call on one batch of prompts."""
+
+    sequences: list[list[int]]  # per row: generated ids up to and including eos
+    wall_s: float  # perf_counter around the call
+    row_cycles: int  # target forwards after prefill, summed over rows (acceptance denominator)
+    accepted: int  # drafts accepted, summed over rows
+    stats: peagle.GenerationStats | None = None  # peagle arms only
+    chosen_k: list[int] = field(default_factory=list)  # draft_k="auto": k per cycle
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(map(len, self.sequences))
+
+
+def count_emitted(ids: list[int], eos_ids: set[int]) -> list[int]:
+    """Tokens up to and including the first eos (the counting rule of every arm)."""
+    for i, t in enumerate(ids):
+        if t in eos_ids:
+            return ids[: i + 1]
+    return ids
+
+
+class ArmRunner:
+    """Runs any arm on one target with the drafters it was given.
+
+    Args:
+        target: the model every arm uses (HF arms call ``target.model.generate``).
+        drafters: arm name -> drafter, for "eagle3", "peagle", "ngram".
+    """
+
+    def __init__(self, target: peagle.Target, drafters: dict):
+        self.target = target
+        self.drafters = drafters
+        self.eos_ids = set(target.eos_token_ids)
+        tok = target.tokenizer
+        pad = getattr(tok, "pad_token_id", None) if tok is not None else None
+        self.pad_id = pad if pad is not None else min(self.eos_ids, default=0)
+
+    def supports(self, spec: ArmSpec, batch_size: int) -> str | None:
+        """None if the arm runs at this batch size, else why not."""
+        if spec.arm == "hf_prompt_lookup" and batch_size > 1:
+            return "HF assisted generation (prompt lookup) supports batch size 1 only"
+        if spec.arm in ("eagle3", "peagle", "ngram") and spec.arm not in self.drafters:
+            return f"no {spec.arm} drafter loaded"
+        return None
+
+    def __call__(self, spec: ArmSpec, prompts: list[list[int]], *, max_new_tokens: int, temperature: float,
+                 seed: int, policy: DraftKPolicy | None = None) -> CallResult:
+        if spec.arm in PEAGLE_ARMS:
+            return self._peagle(spec, prompts, max_new_tokens, temperature, seed, policy)
+        return self._hf(spec, prompts, max_new_tokens, temperature, seed)
+
+    def _peagle(self, spec, prompts, max_new_tokens, temperature, seed, policy) -> CallResult:
+        drafter = None if spec.arm == "plain" else self.drafters[spec.arm]
+        draft_k = policy if spec.draft_k == "auto" else (spec.draft_k or 1)
+        start = len(policy.history) if policy is not None else 0
+        t0 = time.perf_counter()
+        out = peagle.generate(self.target, drafter, prompts, draft_k=draft_k, max_new_tokens=max_new_tokens,
+                              temperature=temperature, seed=seed)
+        wall = time.perf_counter() - t0
+        s = out.stats
+        chosen = list(policy.history[start:]) if policy is not None else []
+        return CallResult([count_emitted(x, self.eos_ids) for x in out.sequences], wall, s.target_passes,
+                          s.accepted_tokens, s, chosen)
+
+    def _hf(self, spec, prompts, max_new_tokens, temperature, seed) -> CallResult:
+        from transformers import GenerationConfig
+
+        model = self.target.model
+        device = self.target.device
+        T = max(map(len, prompts))
+        ids = torch.full((len(prompts), T), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, p in enumerate(prompts):  # left padding, as HF batched generation expects
+            ids[b, T - len(p):] = torch.tensor(p)
+            mask[b, T - len(p):] = 1
+        sample = temperature > 0
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=sample,
+            temperature=temperature if sample else None, top_k=0 if sample else None, top_p=1.0 if sample else None,
+            eos_token_id=sorted(self.eos_ids) or None, pad_token_id=self.pad_id,
+            prompt_lookup_num_tokens=int(spec.draft_k) if spec.arm == "hf_prompt_lookup" else None)
+        forwards = [0]
+        handle = model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+        try:
+            torch.manual_seed(seed)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config)
+            wall = time.perf_counter() - t0
+        finally:
+            handle.remove()
+        seqs = [count_emitted(row[T:].tolist(), self.eos_ids) for row in out]
+        emitted = sum(map(len, seqs))
+        if spec.arm == "hf_prompt_lookup":  # batch 1: every forward after the prefill is one cycle
+            cycles = max(forwards[0] - 1, 1)
+            return CallResult(seqs, wall, cycles, max(emitted - 1 - cycles, 0))
+        return CallResult(seqs, wall, max(emitted - len(seqs), 0), 0)

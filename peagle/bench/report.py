@@ -1,0 +1,238 @@
+"""Benchmark output: human tables (the seed article's layout first), CSV, PNG plots, one JSON line.
+
+Seed layout, one table per (dataset, temperature), output tokens/s per concurrency:
+    | Concurrency | P-EAGLE K=3 | K=7 | K=11 | EAGLE-3 K=3 | K=7 | K=11 | Baseline | P-EAGLE / EAGLE-3 | P-EAGLE / Baseline |
+where the ratios compare the best P-EAGLE draft_k with the best EAGLE-3 draft_k (and with plain
+decoding) at that concurrency.
+"""
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import os
+import platform
+from pathlib import Path
+
+from .arms import LABELS
+
+CSV_FIELDS = ["dataset", "temperature", "batch_size", "arm", "label", "draft_k", "mean_draft_k", "otps",
+              "speedup_vs_baseline", "acceptance_length", "identical_to_plain", "new_tokens", "wall_s",
+              "draft_ms", "verify_ms", "other_ms", "prefill_s", "cycles", "max_new_tokens", "n_prompts",
+              "repeats", "per_position_acceptance", "otps_all"]
+
+
+def machine_info() -> dict:
+    import torch
+    import transformers
+
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        pass
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"), "cpu": cpu,
+            "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "amx_bf16": "amx_bf16" in flags.split(), "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def _fmt(x, digits: int = 1) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:,.{digits}f}"
+    return str(x)
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_fmt(c) if not isinstance(c, str) else c for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _groups(rows: list[dict]):
+    keys = []
+    for r in rows:
+        k = (r["dataset"], r["temperature"])
+        if k not in keys:
+            keys.append(k)
+    for k in keys:
+        yield k, [r for r in rows if (r["dataset"], r["temperature"]) == k]
+
+
+def _best(rows: list[dict], arm: str, batch: int, fixed_only: bool = True) -> dict | None:
+    cands = [r for r in rows if r["arm"] == arm and r["batch_size"] == batch
+             and (not fixed_only or r["draft_k"] != "auto")]
+    return max(cands, key=lambda r: r["otps"]) if cands else None
+
+
+def _get(rows, arm, k, batch):
+    return next((r for r in rows if r["arm"] == arm and r["draft_k"] == k and r["batch_size"] == batch), None)
+
+
+def seed_table(rows: list[dict]) -> str:
+    """The seed article's table: OTPS per concurrency for P-EAGLE / EAGLE-3 at each K, baseline, ratios."""
+    ks = sorted({r["draft_k"] for r in rows if r["arm"] in ("peagle", "eagle3") and r["draft_k"] != "auto"})
+    batches = sorted({r["batch_size"] for r in rows})
+    header = (["Concurrency"] + [f"P-EAGLE K={k}" for k in ks] + [f"EAGLE-3 K={k}" for k in ks]
+              + ["Baseline", "P-EAGLE / EAGLE-3", "P-EAGLE / Baseline"])
+    body = []
+    for b in batches:
+        cells = [b]
+        cells += [_get(rows, "peagle", k, b)["otps"] if _get(rows, "peagle", k, b) else None for k in ks]
+        cells += [_get(rows, "eagle3", k, b)["otps"] if _get(rows, "eagle3", k, b) else None for k in ks]
+        base, pe, e3 = _get(rows, "plain", 0, b), _best(rows, "peagle", b), _best(rows, "eagle3", b)
+        cells.append(base["otps"] if base else None)
+        cells.append(f"{pe['otps'] / e3['otps']:.2f}x" if pe and e3 else "-")
+        cells.append(f"{pe['otps'] / base['otps']:.2f}x" if pe and base else "-")
+        body.append(cells)
+    return _table(header, body)
+
+
+def peers_table(rows: list[dict]) -> str:
+    """Every other arm's OTPS per concurrency: n-gram, auto draft_k, HF generate / prompt lookup."""
+    cols = []
+    for r in rows:
+        key = (r["arm"], r["draft_k"])
+        if (r["arm"] not in ("peagle", "eagle3", "plain") or r["draft_k"] == "auto") and key not in cols:
+            cols.append(key)
+    batches = sorted({r["batch_size"] for r in rows})
+    header = ["Concurrency"] + [_get(rows, a, k, next(b for b in batches if _get(rows, a, k, b)))["label"] for a, k in cols]
+    body = [[b] + [(_get(rows, a, k, b) or {}).get("otps") for a, k in cols] for b in batches]
+    return _table(header, body)
+
+
+def detail_table(rows: list[dict]) -> str:
+    header = ["Arm", "Concurrency", "OTPS", "Speed-up", "Acceptance length", "Draft ms/cycle",
+              "Verify ms/cycle", "Other ms/cycle", "Identical to plain", "Mean K"]
+    body = []
+    for r in rows:
+        ident = r.get("identical_to_plain")
+        body.append([r["label"], r["batch_size"], r["otps"],
+                     f"{r['speedup_vs_baseline']:.2f}x" if r.get("speedup_vs_baseline") else "-",
+                     _fmt(r.get("acceptance_length"), 2), _fmt(r.get("draft_ms"), 1), _fmt(r.get("verify_ms"), 1),
+                     _fmt(r.get("other_ms"), 1), "-" if ident is None else f"{ident:.0%}",
+                     _fmt(r.get("mean_draft_k"), 1)])
+    return _table(header, body)
+
+
+def auto_table(rows: list[dict]) -> str:
+    """draft_k="auto" against the best fixed draft_k of the same arm, per concurrency."""
+    body = []
+    for r in rows:
+        if r["draft_k"] != "auto":
+            continue
+        best = _best(rows, r["arm"], r["batch_size"])
+        if best is None:
+            continue
+        ratio = r["otps"] / best["otps"] if best["otps"] else 0.0
+        body.append([LABELS[r["arm"]], r["batch_size"], r["otps"], f"K={best['draft_k']}", best["otps"],
+                     f"{ratio:.2f}x", "yes" if ratio >= 0.95 else "no", _fmt(r.get("mean_draft_k"), 1)])
+    if not body:
+        return ""
+    return _table(["Arm", "Concurrency", "auto OTPS", "Best fixed", "Best fixed OTPS", "auto / best",
+                   "Within 5%", "Mean K chosen"], body)
+
+
+def human_report(rows: list[dict], notes: list[str], meta: dict) -> str:
+    m = meta["machine"]
+    out = [f"peagle bench: {meta['model']} ({meta['dtype']}), {m['cores']} cores, torch threads {m['torch_threads']}, "
+           f"AMX bf16 {'yes' if m['amx_bf16'] else 'no'}, {m['date']}",
+           f"heads: {'; '.join(f'{k}: {v}' for k, v in meta['heads'].items()) or '-'}",
+           f"command: {meta['command']}", ""]
+    for (dataset, temperature), group in _groups(rows):
+        title = f"{dataset}, temperature {temperature:g}"
+        out += [f"{title}: output tokens/s (OTPS)", seed_table(group), ""]
+        out += [f"{title}: other arms, OTPS", peers_table(group), ""]
+        auto = auto_table(group)
+        if auto:
+            out += [f"{title}: draft_k=auto vs the best fixed draft_k", auto, ""]
+        out += [f"{title}: every row (time split per cycle from GenerationStats)", detail_table(group), ""]
+    out += [f"note: {n}" for n in notes]
+    return "\n".join(out)
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (" ".join(f"{x:.4g}" for x in v) if isinstance(v, list) else v) for k, v in r.items()})
+
+
+def write_plots(rows: list[dict], out_dir: Path) -> list[Path]:
+    """OTPS vs concurrency per arm; acceptance by draft position; speed-up vs draft_k."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    groups = list(_groups(rows))
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4), squeeze=False)
+    for ax, ((dataset, temp), g) in zip(axes[0], groups):
+        batches = sorted({r["batch_size"] for r in g})
+        for arm in dict.fromkeys(r["arm"] for r in g):
+            pts = [(b, _best(g, arm, b)) for b in batches]
+            pts = [(b, r["otps"]) for b, r in pts if r]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=LABELS[arm] + (" (best K)" if arm in ("peagle", "eagle3", "ngram", "hf_prompt_lookup") else ""))
+        ax.set(title=f"{dataset}, T={temp:g}", xlabel="concurrency (batch size)", ylabel="output tokens/s", xticks=batches)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out_dir / "otps_vs_concurrency.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (dataset, temp), g in groups:
+        b0 = min(r["batch_size"] for r in g)
+        for arm in ("peagle", "eagle3", "ngram"):
+            cands = [r for r in g if r["arm"] == arm and r["batch_size"] == b0 and r["draft_k"] != "auto" and r.get("per_position_acceptance")]
+            if cands:
+                r = max(cands, key=lambda r: r["draft_k"])
+                acc = r["per_position_acceptance"]
+                ax.plot(range(1, len(acc) + 1), acc, marker="o", label=f"{r['label']}, {dataset} T={temp:g}")
+    ax.set(xlabel="draft position", ylabel="P(draft accepted)", ylim=(0, 1.02), title="Acceptance by draft position (concurrency 1)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out_dir / "acceptance_by_position.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (dataset, temp), g in groups:
+        for arm in ("peagle", "eagle3", "ngram", "hf_prompt_lookup"):
+            for b in sorted({r["batch_size"] for r in g}):
+                pts = sorted((r["draft_k"], r["speedup_vs_baseline"]) for r in g if r["arm"] == arm and r["batch_size"] == b
+                             and r["draft_k"] != "auto" and r.get("speedup_vs_baseline"))
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=f"{LABELS[arm]} B={b}, {dataset} T={temp:g}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set(xlabel="draft_k", ylabel="speed-up over plain decoding", title="Speed-up vs draft_k")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    paths.append(out_dir / "speedup_vs_draft_k.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def json_line(rows: list[dict], notes: list[str], meta: dict) -> str:
+    """One JSON document on one line: every row, the notes and the run's metadata."""
+    def clean(v):
+        return round(v, 5) if isinstance(v, float) else [clean(x) for x in v] if isinstance(v, list) else v
+    return json.dumps({"meta": meta, "notes": notes, "rows": [{k: clean(v) for k, v in r.items()} for r in rows]},
+                      separators=(",", ":"))

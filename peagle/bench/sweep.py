@@ -1,0 +1,141 @@
+"""The sweep: every arm on the same prompts, in the same loop, measured side by side.
+
+For each (dataset, temperature, batch size) group: warm up every arm once, then for each repeat
+run every arm over all prompts (chunks of ``batch_size``) before the next repeat starts, so slow
+drift of a shared machine hits every arm alike. A row reports medians over repeats; the speed-up
+is the median of per-repeat ratios to plain decoding (``arm otps / plain otps`` of the same repeat).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import median
+
+from tqdm.auto import tqdm
+
+from peagle.autok import make_policy
+
+from .arms import DRAFTING, ArmRunner, ArmSpec, CallResult
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    arms: tuple[str, ...]
+    draft_ks: tuple  # ints and/or "auto"
+    batch_sizes: tuple[int, ...]
+    temperatures: tuple[float, ...]
+    max_new_tokens: int
+    repeats: int = 1
+    warmup: int = 1  # warm-up calls per arm and group (first chunk, at most 16 new tokens)
+    seed: int = 0
+
+    def specs(self) -> list[ArmSpec]:
+        out = []
+        for arm in self.arms:
+            if arm in DRAFTING:
+                ks = [k for k in self.draft_ks if not (arm == "hf_prompt_lookup" and k == "auto")]
+                out += [ArmSpec(arm, k) for k in ks]
+            else:
+                out.append(ArmSpec(arm, 0))
+        # plain first: every other arm is compared with it
+        return sorted(out, key=lambda s: s.arm != "plain")
+
+
+def chunks(prompts: list[list[int]], batch_size: int) -> list[list[list[int]]]:
+    """Consecutive batches; prompts are cycled so that every batch is full."""
+    n = max(len(prompts), batch_size)
+    n = -(-n // batch_size) * batch_size
+    cycled = [prompts[i % len(prompts)] for i in range(n)]
+    return [cycled[i:i + batch_size] for i in range(0, n, batch_size)]
+
+
+def _aggregate(calls: list[CallResult]) -> dict:
+    """Sum one repeat's calls into tokens, time, acceptance and the per-cycle time split."""
+    tokens = sum(c.new_tokens for c in calls)
+    wall = sum(c.wall_s for c in calls)
+    rc = sum(c.row_cycles for c in calls)
+    out = {"new_tokens": tokens, "wall_s": wall, "otps": tokens / wall if wall > 0 else 0.0,
+           "acceptance_length": (sum(c.accepted for c in calls) + rc) / rc if rc else None}
+    stats = [c.stats for c in calls if c.stats is not None]
+    if stats:
+        cycles = sum(s.cycles for s in stats)
+        out.update(cycles=cycles, prefill_s=sum(s.prefill_time_s for s in stats),
+                   draft_ms=1e3 * sum(s.draft_time_s for s in stats) / max(cycles, 1),
+                   verify_ms=1e3 * sum(s.verify_time_s - s.prefill_time_s for s in stats) / max(cycles, 1),
+                   other_ms=1e3 * sum(s.other_time_s for s in stats) / max(cycles, 1))
+        k = max(len(s.per_position_acceptance) for s in stats)
+        if k:
+            weights = [s.target_passes for s in stats]
+            out["per_position_acceptance"] = [
+                sum(w * (s.per_position_acceptance[j] if j < len(s.per_position_acceptance) else 0.0)
+                    for w, s in zip(weights, stats)) / max(sum(weights), 1) for j in range(k)]
+    chosen = [k for c in calls for k in c.chosen_k]
+    if chosen:
+        out["mean_draft_k"] = sum(chosen) / len(chosen)
+    return out
+
+
+def _median_row(reps: list[dict]) -> dict:
+    row = {}
+    for key in reps[0]:
+        values = [r[key] for r in reps if r.get(key) is not None]
+        if not values:
+            row[key] = None
+        elif isinstance(values[0], list):
+            row[key] = [median(v) for v in zip(*values)]
+        else:
+            row[key] = median(values)
+    row["otps_all"] = [r["otps"] for r in reps]
+    return row
+
+
+def run_group(runner: ArmRunner, cfg: SweepConfig, prompts: list[list[int]], *, dataset: str,
+              temperature: float, batch_size: int, progress: tqdm | None = None) -> tuple[list[dict], list[str]]:
+    """All arms for one (dataset, temperature, batch size); returns rows and notes."""
+    specs, notes = [], []
+    for spec in cfg.specs():
+        why = runner.supports(spec, batch_size)
+        if why:
+            notes.append(f"{spec.label} skipped at batch {batch_size}: {why}")
+        else:
+            specs.append(spec)
+    batches = chunks(prompts, batch_size)
+    policies = {}
+    for spec in specs:  # warm-up (and the auto policies' first measurements)
+        if spec.draft_k == "auto":
+            policies[spec] = make_policy("auto", runner.drafters[spec.arm])
+        for _ in range(cfg.warmup):
+            runner(spec, batches[0], max_new_tokens=min(16, cfg.max_new_tokens), temperature=temperature,
+                   seed=cfg.seed, policy=policies.get(spec))
+    per_rep: dict[ArmSpec, list[dict]] = {s: [] for s in specs}
+    first_seqs: dict[ArmSpec, list[list[int]]] = {}
+    for rep in range(cfg.repeats):
+        for spec in specs:
+            calls = [runner(spec, b, max_new_tokens=cfg.max_new_tokens, temperature=temperature,
+                            seed=cfg.seed + i, policy=policies.get(spec)) for i, b in enumerate(batches)]
+            per_rep[spec].append(_aggregate(calls))
+            if rep == 0:
+                first_seqs[spec] = [s for c in calls for s in c.sequences]
+            if progress is not None:
+                progress.update(1)
+    plain = next((s for s in specs if s.arm == "plain"), None)
+    rows = []
+    for spec in specs:
+        row = {"arm": spec.arm, "label": spec.label, "draft_k": spec.draft_k, "batch_size": batch_size,
+               "dataset": dataset, "temperature": temperature, "max_new_tokens": cfg.max_new_tokens,
+               "n_prompts": len(prompts), "repeats": cfg.repeats}
+        row.update(_median_row(per_rep[spec]))
+        if plain is not None:
+            ratios = [a["otps"] / b["otps"] for a, b in zip(per_rep[spec], per_rep[plain]) if b["otps"] > 0]
+            row["speedup_vs_baseline"] = median(ratios) if ratios else None
+            same = sum(x == y for x, y in zip(first_seqs[spec], first_seqs[plain]))
+            # Under sampling outputs are equal in distribution only: token identity is not expected.
+            row["identical_to_plain"] = same / len(first_seqs[plain]) if temperature == 0 else None
+        else:
+            row["speedup_vs_baseline"] = row["identical_to_plain"] = None
+        rows.append(row)
+    return rows, notes
+
+
+def count_runs(cfg: SweepConfig, n_groups_per_batch: int) -> int:
+    """Progress-bar total: arm runs over all groups (an upper bound when arms are skipped)."""
+    return len(cfg.specs()) * cfg.repeats * len(cfg.batch_sizes) * n_groups_per_batch

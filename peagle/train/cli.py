@@ -62,8 +62,97 @@ def _run_data(args) -> int:
     return 0
 
 
+def _add_vocab(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True)
+    p.add_argument("--target", default="default")
+    p.add_argument("--size", type=int, default=8192, help="draft vocabulary size N")
+
+
+def _run_vocab(args) -> int:
+    from ..drafters.mask_token import choose_mask_token_id
+    from .data import load_target_by_name
+    from .vocab import build_draft_vocab
+
+    target = load_target_by_name(args.target, "float32")
+    mask_id = choose_mask_token_id(target)
+    info = build_draft_vocab(args.data, args.size, target.vocab_size, mask_id, tuple(sorted(target.eos_token_ids)))
+    print(json.dumps({k: v for k, v in info.items() if k != "used_ids"}))
+    return 0
+
+
+def _add_features(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True)
+    p.add_argument("--target", default="default")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--threads", type=int, default=0)
+
+
+def _run_features(args) -> int:
+    import torch
+
+    from .data import load_target_by_name
+    from .features import build_cache
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_target_by_name(args.target, args.dtype)
+    print(build_cache(target, args.data))
+    return 0
+
+
+def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
+    from .trainer import TrainConfig
+
+    d = TrainConfig(kind=kind, data="", out="")
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True, help="run directory (resumes from its last checkpoint)")
+    p.add_argument("--target", default=d.target)
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default 4 for P-EAGLE, 1 for EAGLE-3)")
+    p.add_argument("--intermediate-size", type=int, default=None, help="MLP width (default: the target's)")
+    if kind == "peagle":
+        p.add_argument("--max-depth", type=int, default=d.max_depth, help="trained draft depth K")
+        p.add_argument("--cod-ratio", type=float, default=d.cod_ratio)
+        p.add_argument("--cod-min-ratio", type=float, default=d.cod_min_ratio)
+        p.add_argument("--segments", type=int, default=d.segments, help="sequence partitioning S")
+        p.add_argument("--train-embedding", default=d.train_embedding, choices=["mask", "all", "none"])
+    else:
+        p.add_argument("--ttt-steps", type=int, default=d.ttt_steps, help="training-time test steps")
+    p.add_argument("--draft-vocab-size", type=int, default=d.draft_vocab_size)
+    p.add_argument("--max-len", type=int, default=d.max_len)
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per global batch")
+    p.add_argument("--micro-batch-tokens", type=int, default=d.micro_batch_tokens)
+    p.add_argument("--epochs", type=float, default=d.epochs)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--features", default=d.features, choices=["cache", "online"])
+    p.add_argument("--mixed-precision", default=d.mixed_precision, choices=["no", "bf16"])
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
+    p.add_argument("--log-every", type=int, default=d.log_every)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--debug-step-sleep", type=float, default=0.0, help=argparse.SUPPRESS)
+
+
+def _run_train(args, kind: str) -> int:
+    from dataclasses import fields
+
+    from .trainer import TrainConfig, train
+
+    names = {f.name for f in fields(TrainConfig)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    print(train(TrainConfig(kind=kind, **values)))
+    return 0
+
+
 SUBCOMMANDS = {
     "data": (_add_data, _run_data, "regenerate answers to training prompts with the target"),
+    "vocab": (_add_vocab, _run_vocab, "choose the draft vocabulary (top-N answer tokens)"),
+    "features": (_add_features, _run_features, "cache the target's teacher-forced features"),
+    "peagle": (lambda p: _add_train(p, "peagle"), lambda a: _run_train(a, "peagle"), "train a P-EAGLE head"),
+    "eagle3": (lambda p: _add_train(p, "eagle3"), lambda a: _run_train(a, "eagle3"), "train an EAGLE-3 head"),
 }
 
 

@@ -57,7 +57,14 @@ def load_target_by_name(name: str, dtype: str | torch.dtype = "bfloat16", device
         from ..embedded import load_target
 
         return load_target(dtype=torch_dtype, device=device)
-    return Target.from_pretrained(name, dtype=torch_dtype).to_device(device)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch_dtype)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError):  # a bare model directory (tests): token-id prompts only
+        tokenizer = None
+    return Target(model, tokenizer).to_device(device)
 
 
 def _write_json(path: Path, obj) -> None:
@@ -94,9 +101,12 @@ def shard_dir(out: str | Path, index: int) -> Path:
     return Path(out) / "shards" / f"{index:05d}"
 
 
-def _encode(target: Target, text: str) -> list[int]:
+def _encode(target: Target, prompt: dict) -> list[int]:
+    """A prompt record -> chat-templated ids (records may carry ready "input_ids" instead of "text")."""
+    if "input_ids" in prompt:
+        return list(prompt["input_ids"])
     tok = target.tokenizer
-    return list(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+    return list(tok.apply_chat_template([{"role": "user", "content": prompt["text"]}], add_generation_prompt=True,
                                         tokenize=True, return_dict=False))
 
 
@@ -119,14 +129,13 @@ def generate_answers(target: Target, prompt_ids: list[list[int]], settings: Gene
 def generate_shard(target: Target, out: Path, index: int, prompts: list[dict], settings: GenerationSettings,
                    progress=None) -> dict:
     """Generate one shard and publish it atomically; returns its metadata."""
-    from datasets import Dataset
     from datasets.utils.logging import disable_progress_bar
 
     disable_progress_bar()
     t0 = time.perf_counter()
     eos = target.eos_token_ids
     rows = {"id": [], "source": [], "input_ids": [], "prompt_len": [], "response_len": [], "finished": []}
-    encoded = [(p, _encode(target, p["text"])) for p in prompts]
+    encoded = [(p, _encode(target, p)) for p in prompts]
     skipped = [p["id"] for p, ids in encoded if len(ids) > settings.max_prompt_tokens]
     encoded = [(p, ids) for p, ids in encoded if len(ids) <= settings.max_prompt_tokens]
     for start in range(0, len(encoded), settings.batch_size):
@@ -151,14 +160,21 @@ def generate_shard(target: Target, out: Path, index: int, prompts: list[dict], s
         "torch": torch.__version__, "host": platform.node(), "threads": torch.get_num_threads(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+    save_shard(out, index, rows, meta)
+    return meta
+
+
+def save_shard(out: str | Path, index: int, rows: dict, meta: dict) -> Path:
+    """Publish one shard atomically: columns id, source, input_ids, prompt_len, response_len, finished."""
+    from datasets import Dataset
+
     final = shard_dir(out, index)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    ds = Dataset.from_dict(rows)
-    ds.save_to_disk(str(tmp))
-    (tmp / "peagle_meta.json").write_text(json.dumps(meta, indent=1))
+    Dataset.from_dict(rows).save_to_disk(str(tmp))
+    (tmp / "peagle_meta.json").write_text(json.dumps({"shard": index, **meta}, indent=1))
     os.replace(tmp, final)
-    return meta
+    return final
 
 
 def regenerate(target: Target, prompts: list[dict], out: str | Path, settings: GenerationSettings,

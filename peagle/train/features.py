@@ -161,5 +161,5 @@ class FeatureCache:
         s, e = off[row], off[row + 1]
         if length is not None:
             e = min(e, s + length)
-        to_t = lambda a: torch.from_numpy(np.ascontiguousarray(a[s:e])).view(torch.bfloat16)
+        to_t = lambda a: torch.from_numpy(np.array(a[s:e])).view(torch.bfloat16)
         return to_t(aux), to_t(fin)

@@ -133,7 +133,7 @@ class PEaglePlan:
 
 
 def plan_peagle(packed: Packed, max_depth: int, mask_token_id: int, ratio: float = 0.8, min_ratio: float = 0.2,
-                generator: torch.Generator | None = None) -> PEaglePlan:
+                generator: torch.Generator | list | None = None) -> PEaglePlan:
     d0 = depth0(packed)
     return PEaglePlan(packed, d0, peagle_chains(packed, d0, max_depth, mask_token_id, ratio, min_ratio, generator))
 

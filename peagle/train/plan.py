@@ -106,14 +106,16 @@ def cod_counts(n: int, max_depth: int, ratio: float, min_ratio: float) -> list[i
 
 
 def peagle_chains(packed: Packed, d0: Group, max_depth: int, mask_token_id: int, ratio: float = 0.8,
-                  min_ratio: float = 0.2, generator: torch.Generator | None = None) -> Group:
+                  min_ratio: float = 0.2, generator: torch.Generator | list | None = None) -> Group:
     """COD sampling: depth d keeps ~n*max(r^d, r_min) chains, drawn from those kept at depth d-1.
 
     n = supervised depth-0 elements of the sequence; returns the chain elements (depth >= 1)
     sorted anchor-major. ``ratio=1`` keeps every chain (the dense P-EAGLE objective).
+    ``generator`` may be one per sequence, so the draw does not depend on how sequences are packed.
     """
     out = []
     for i, T in enumerate(packed.lengths):
+        gen = generator[i] if isinstance(generator, (list, tuple)) else generator
         off = int(packed.doc_start[i])
         mine = (d0.doc == i) & (d0.weight > 0)
         kept = d0.anchor[mine] - off  # local anchors kept at the previous depth
@@ -123,7 +125,7 @@ def peagle_chains(packed: Packed, d0: Group, max_depth: int, mask_token_id: int,
             if cand.numel() == 0:
                 break
             if count < cand.numel():
-                pick = torch.randperm(cand.numel(), generator=generator)[:count]
+                pick = torch.randperm(cand.numel(), generator=gen)[:count]
                 cand = cand[pick].sort().values
             kept = cand
             out.append(_element(packed, i, kept, d, torch.full_like(kept, mask_token_id)))

@@ -1,0 +1,366 @@
+"""The training loop: accelerate-driven, deterministic, checkpointed, resumable after kill -9.
+
+Determinism: the sequences of global step s and every COD draw are functions of (seed, s) only,
+so 1 process and P processes see the same global batch, and a resumed run continues exactly.
+Each process takes every P-th sequence of the global batch; gradients are summed across
+processes with one all-reduce and every loss term is divided by the supervised count of the
+*global* batch, so the update equals the single-process one (up to float summation order).
+
+Checkpoints (every --checkpoint-every steps, the last --keep-checkpoints kept)::
+
+    OUT/checkpoints/step_0000100/   head (config.json + model.safetensors, fp32), optimizer.pt,
+                                    scheduler.pt, rng_<rank>.pt, trainer_state.json (written last)
+    OUT/final/                      the trained head (full form, fp32)
+    OUT/log.jsonl                   one line per logged step
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..checkpoint import from_pretrained, read_tensors, save_pretrained
+from ..config import DrafterConfig
+from .forward import Features, eagle3_step, peagle_step, plan_eagle3, plan_peagle
+from .plan import pack
+
+
+@dataclass
+class TrainConfig:
+    kind: str  # "peagle" | "eagle3"
+    data: str  # data directory (peagle train data)
+    out: str  # run directory: checkpoints/, final/, log.jsonl
+    target: str = "default"  # "default" (embedded SmolLM2), an HF id or a path
+    layers: int | None = None  # decoder layers (default: 4 for P-EAGLE, 1 for EAGLE-3)
+    intermediate_size: int | None = None  # MLP width (default: the target's)
+    max_depth: int = 8  # P-EAGLE: trained draft depth K (max_draft_k of the head)
+    ttt_steps: int = 7  # EAGLE-3: unrolled steps of training-time test
+    draft_vocab_size: int = 8192  # N
+    cod_ratio: float = 0.8  # COD: depth d keeps n * max(r^d, r_min)
+    cod_min_ratio: float = 0.2
+    segments: int = 1  # sequence partitioning: forward+backward passes per micro-batch
+    max_len: int = 1024  # sequences are cut to this many tokens
+    batch_size: int = 16  # sequences per global batch (all processes together)
+    micro_batch_tokens: int = 4096  # tokens packed into one forward per process
+    epochs: float = 1.0
+    max_steps: int | None = None  # overrides epochs
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1  # cosine decay to lr * min_lr_ratio
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    train_embedding: str = "mask"  # P-EAGLE: "mask" (only the mask row), "all", "none"
+    features: str = "cache"  # "cache" (DATA/features) or "online" (target forward per step)
+    mixed_precision: str = "no"  # "no" | "bf16" (autocast where the device supports it)
+    checkpoint_every: int = 200
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    seed: int = 0
+    threads: int = 0  # torch threads per process (0 = torch's default)
+    debug_step_sleep: float = 0.0  # tests: slow steps down so a kill lands mid-run
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("peagle", "eagle3"):
+            raise ValueError(f"kind must be 'peagle' or 'eagle3', got {self.kind!r}")
+        if self.train_embedding not in ("mask", "all", "none"):
+            raise ValueError(f"train_embedding must be mask, all or none, got {self.train_embedding!r}")
+        if self.features not in ("cache", "online"):
+            raise ValueError(f"features must be 'cache' or 'online', got {self.features!r}")
+        if self.mixed_precision not in ("no", "bf16"):
+            raise ValueError(f"mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}")
+        for name in ("max_depth", "ttt_steps", "draft_vocab_size", "segments", "max_len", "batch_size",
+                     "micro_batch_tokens", "checkpoint_every", "keep_checkpoints", "log_every"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+# -- data ------------------------------------------------------------------------------------
+class TrainSet:
+    """Sequences of a data directory (cut to max_len) and their features."""
+
+    def __init__(self, data_dir: str | Path, max_len: int, target, used_ids: torch.Tensor, features: str):
+        from datasets import load_from_disk
+
+        from .data import shard_dir, shard_metadata
+        from .features import DraftVocabLogits, FeatureCache
+
+        self.rows: list[tuple[int, int, list[int], int]] = []  # (shard, row, ids, prompt_len)
+        for m in shard_metadata(data_dir):
+            ds = load_from_disk(str(shard_dir(data_dir, m["shard"])))
+            for r, (ids, p) in enumerate(zip(ds["input_ids"], ds["prompt_len"])):
+                ids = list(ids)[:max_len]
+                if len(ids) - p >= 2:  # at least one supervised position
+                    self.rows.append((m["shard"], r, ids, int(p)))
+        if not self.rows:
+            raise ValueError(f"{data_dir} holds no usable sequence (complete shards with answers)")
+        self.target = target
+        self.max_len = max_len
+        self.logits = DraftVocabLogits(target, used_ids)
+        self.cache = FeatureCache(Path(data_dir) / "features", target.aux_layer_ids) if features == "cache" else None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def batch(self, indices: list[int], device) -> tuple:
+        from .features import extract
+
+        seqs = [self.rows[i][2] for i in indices]
+        packed = pack(seqs, [self.rows[i][3] for i in indices])
+        if self.cache is not None:
+            parts = [self.cache.get(self.rows[i][0], self.rows[i][1], len(self.rows[i][2])) for i in indices]
+        else:
+            parts = extract(self.target, seqs)
+        aux = torch.cat([a for a, _ in parts]).to(device)
+        final = torch.cat([f for _, f in parts]).to(device)
+        return packed, Features(aux, lambda rows: self.logits(final[rows]))
+
+
+def global_batch(step: int, n: int, batch_size: int, seed: int) -> list[int]:
+    """Sequence indices of global step ``step``: epochs of seeded permutations, read in order."""
+    out = []
+    for k in range(step * batch_size, (step + 1) * batch_size):
+        epoch, i = divmod(k, n)
+        g = torch.Generator().manual_seed(seed * 100003 + epoch)
+        out.append(int(torch.randperm(n, generator=g)[i]))
+    return out
+
+
+def micro_batches(indices: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
+    out: list[list[int]] = [[]]
+    used = 0
+    for i in indices:
+        if out[-1] and used + lengths[i] > max_tokens:
+            out.append([])
+            used = 0
+        out[-1].append(i)
+        used += lengths[i]
+    return [b for b in out if b]
+
+
+# -- model -----------------------------------------------------------------------------------
+def build_head(cfg: TrainConfig, target, used_ids: torch.Tensor):
+    from ..drafters import Eagle3Drafter, PEagleDrafter
+
+    layers = cfg.layers or (4 if cfg.kind == "peagle" else 1)
+    overrides = {"intermediate_size": cfg.intermediate_size} if cfg.intermediate_size else {}
+    K = cfg.max_depth if cfg.kind == "peagle" else cfg.ttt_steps
+    dcfg = DrafterConfig.for_target(target, num_layers=layers, draft_vocab_size=int(used_ids.numel()),
+                                    max_draft_k=K, **overrides)
+    torch.manual_seed(cfg.seed)
+    head = (PEagleDrafter if cfg.kind == "peagle" else Eagle3Drafter)(dcfg).float()
+    head.set_draft_vocab(used_ids)
+    attach_embedding(head, target, cfg.train_embedding)
+    return head
+
+
+def attach_embedding(head, target, mode: str) -> None:
+    """Give the head its own fp32 copy of the target's table (trainable rows per ``mode``)."""
+    table = target.input_embeddings().weight.detach().float().clone()
+    if head.embed_tokens is not None:
+        table = head.embed_tokens.weight.detach().float().clone()
+    trains = head.trains_embedding and mode != "none"
+    head.embed_tokens = torch.nn.Embedding.from_pretrained(table, freeze=not trains)
+    if trains and mode == "mask":
+        keep = torch.zeros(table.shape[0], 1)
+        keep[head.config.mask_token_id] = 1.0
+        head.embed_tokens.weight.register_hook(lambda g: g * keep.to(g.device, g.dtype))
+
+
+def trainable(head) -> list[tuple[str, torch.nn.Parameter]]:
+    return [(n, p) for n, p in head.named_parameters() if p.requires_grad]
+
+
+def make_optimizer(cfg: TrainConfig, head, total_steps: int):
+    decay = [p for n, p in trainable(head) if p.dim() >= 2 and not n.startswith("embed_tokens")]
+    no_decay = [p for n, p in trainable(head) if p.dim() < 2 or n.startswith("embed_tokens")]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+
+    def schedule(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+
+
+# -- checkpoints -----------------------------------------------------------------------------
+def latest_checkpoint(out: str | Path) -> Path | None:
+    ckpts = sorted(p for p in (Path(out) / "checkpoints").glob("step_*") if (p / "trainer_state.json").exists())
+    return ckpts[-1] if ckpts else None
+
+
+def _rng_state() -> dict:
+    import numpy as np
+
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def _set_rng_state(state: dict) -> None:
+    import numpy as np
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def save_checkpoint(accelerator, out: Path, step: int, head, opt, sched, cfg: TrainConfig, keep: int) -> None:
+    final = out / "checkpoints" / f"step_{step:07d}"
+    tmp = final.with_name(final.name + ".tmp")
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    torch.save(_rng_state(), tmp / f"rng_{accelerator.process_index}.pt")
+    if accelerator.is_main_process:
+        save_pretrained(head, tmp / "head", target_name=cfg.target)
+        torch.save(opt.state_dict(), tmp / "optimizer.pt")
+        torch.save(sched.state_dict(), tmp / "scheduler.pt")
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "config": asdict(cfg)}, indent=1))
+        os.replace(tmp, final)
+        for old in sorted((out / "checkpoints").glob("step_*"))[:-keep]:
+            if old != final and not old.name.endswith(".tmp"):
+                shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+
+
+def load_checkpoint(accelerator, path: Path, head, opt, sched) -> int:
+    tensors = read_tensors(path / "head" / "model.safetensors")
+    table = tensors.pop("embed_tokens.weight", None)
+    head.load_state_dict({k: v for k, v in tensors.items()}, strict=False)
+    if table is not None:
+        with torch.no_grad():
+            head.embed_tokens.weight.copy_(table)
+    opt.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+    sched.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+    rng = path / f"rng_{accelerator.process_index}.pt"
+    if rng.exists():
+        _set_rng_state(torch.load(rng, weights_only=False))
+    return json.loads((path / "trainer_state.json").read_text())["step"]
+
+
+# -- the loop --------------------------------------------------------------------------------
+def _all_reduce_grads(accelerator, params) -> None:
+    if accelerator.num_processes == 1:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = accelerator.reduce(torch.cat([g.flatten() for g in grads]), reduction="sum")
+    for p, g in zip(params, flat.split([g.numel() for g in grads])):
+        p.grad = g.view_as(p).clone()
+
+
+def _seq_generator(cfg: TrainConfig, step: int, index: int) -> torch.Generator:
+    return torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 1_000_033 + index)
+
+
+def train(cfg: TrainConfig, target=None) -> Path:
+    """Train a head per ``cfg`` (resuming from OUT's last checkpoint); returns OUT/final."""
+    from accelerate import Accelerator
+
+    from .data import load_target_by_name
+    from .vocab import load_draft_vocab
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    accelerator = Accelerator(mixed_precision=cfg.mixed_precision)
+    device = accelerator.device
+    out = Path(cfg.out)
+    if target is None:
+        target = load_target_by_name(cfg.target, "bfloat16" if cfg.features == "online" and device.type != "cpu" else "float32")
+        target.to_device(device)
+    used_ids = load_draft_vocab(cfg.data, cfg.draft_vocab_size)
+    data = TrainSet(cfg.data, cfg.max_len, target, used_ids, cfg.features)
+    lengths = [len(r[2]) for r in data.rows]
+    steps_per_epoch = math.ceil(len(data) / cfg.batch_size)
+    total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    head = build_head(cfg, target, used_ids).to(device)
+    params = [p for _, p in trainable(head)]
+    opt, sched = make_optimizer(cfg, head, total_steps)
+    start = 0
+    ckpt = latest_checkpoint(out)
+    if ckpt is not None:
+        start = load_checkpoint(accelerator, ckpt, head, opt, sched)
+        accelerator.print(f"resumed from {ckpt} at step {start}")
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
+    log = out / "log.jsonl"
+    rank, world = accelerator.process_index, accelerator.num_processes
+    t_last, tokens_since = time.perf_counter(), 0
+    for step in range(start, total_steps):
+        batch = global_batch(step, len(data), cfg.batch_size, cfg.seed)
+        mine = batch[rank::world]
+        plans = []
+        for mb in micro_batches(mine, lengths, cfg.micro_batch_tokens):
+            packed = pack([data.rows[i][2] for i in mb], [data.rows[i][3] for i in mb])
+            if cfg.kind == "peagle":
+                gens = [_seq_generator(cfg, step, i) for i in mb]
+                plan = plan_peagle(packed, cfg.max_depth, head.config.mask_token_id, cfg.cod_ratio, cfg.cod_min_ratio, gens)
+                counts = torch.tensor([float(plan.num_supervised)])
+            else:
+                plan = plan_eagle3(packed, cfg.ttt_steps)
+                counts = torch.tensor(plan.counts(cfg.ttt_steps), dtype=torch.float)
+            plans.append((mb, plan, counts))
+        counts = sum(c for _, _, c in plans) if plans else torch.zeros(1 if cfg.kind == "peagle" else cfg.ttt_steps)
+        counts = accelerator.reduce(counts.to(device), reduction="sum").cpu() if world > 1 else counts
+        head.train()
+        depth_stats = torch.zeros(3, cfg.max_depth if cfg.kind == "peagle" else cfg.ttt_steps)
+        objective = torch.zeros(1)
+        for mb, plan, _ in plans:
+            packed, feats = data.batch(mb, device)
+            with accelerator.autocast():
+                if cfg.kind == "peagle":
+                    st = peagle_step(head, plan, feats, float(counts.clamp_min(1).item()), cfg.segments)
+                else:
+                    st = eagle3_step(head, plan, feats, counts.tolist(), cfg.ttt_steps)
+            D = depth_stats.shape[1]
+            for r, vals in enumerate((st.loss_sum, st.correct, st.count)):
+                depth_stats[r, : len(vals)] += torch.tensor(vals[:D])
+            objective += st.objective
+            tokens_since += sum(len(data.rows[i][2]) for i in mb)
+        _all_reduce_grads(accelerator, params)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        if world > 1:
+            both = accelerator.reduce(torch.cat([objective, depth_stats.flatten()]).to(device), reduction="sum").cpu()
+            objective, depth_stats = both[:1], both[1:].view_as(depth_stats)
+        if cfg.debug_step_sleep:
+            time.sleep(cfg.debug_step_sleep)
+        done = step + 1
+        if accelerator.is_main_process and (done % cfg.log_every == 0 or done == total_steps or done == start + 1):
+            now = time.perf_counter()
+            n = depth_stats[2].clamp_min(1)
+            rec = {"step": done, "loss": round(float(objective), 6), "lr": sched.get_last_lr()[0],
+                   "grad_norm": round(float(grad_norm), 4),
+                   "kl_by_depth": [round(x, 4) for x in (depth_stats[0] / n).tolist()],
+                   "acc_by_depth": [round(x, 4) for x in (depth_stats[1] / n).tolist()],
+                   "tokens_per_s": round(tokens_since * world / max(now - t_last, 1e-9), 1), "time": time.time()}
+            t_last, tokens_since = now, 0
+            with open(log, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            accelerator.print(json.dumps(rec))
+        if done % cfg.checkpoint_every == 0 and done < total_steps:
+            save_checkpoint(accelerator, out, done, head, opt, sched, cfg, cfg.keep_checkpoints)
+    final = out / "final"
+    if accelerator.is_main_process:
+        save_pretrained(head, final, target_name=cfg.target)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_trained(path: str | Path, target=None):
+    """A head saved by ``train`` (OUT/final or a checkpoint's head/)."""
+    return from_pretrained(path, target=target)

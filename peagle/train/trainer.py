@@ -273,7 +273,10 @@ def train(cfg: TrainConfig, target=None) -> Path:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    accelerator = Accelerator(mixed_precision=cfg.mixed_precision)
+    # Without a GPU, several processes (torchrun / accelerate launch) mean gloo on CPU: accelerate
+    # only sets that up when told cpu=True.
+    multi_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    accelerator = Accelerator(mixed_precision=cfg.mixed_precision, cpu=multi_cpu)
     device = accelerator.device
     out = Path(cfg.out)
     if target is None:

@@ -22,7 +22,8 @@ from .prompts import Prompts, encode_prompts
 from .sampling import SamplingParams, sample_from_weights, target_probs
 from .stats import GenerationOutput, GenerationStats
 from .target import Target
-from .verify import VerifyResult, verify_greedy, verify_sampling
+from .tree import TreeConfig, build_tree
+from .verify import VerifyResult, assemble_output, verify_greedy, verify_sampling
 
 
 def _sync(device: torch.device) -> None:
@@ -98,6 +99,7 @@ def generate(
     seed: int | None = None,
     stop: str | int | Sequence[str | int] | None = None,
     chat: bool = False,
+    tree: TreeConfig | None = None,
 ) -> GenerationOutput:
     """Speculative (or, with ``drafter=None``, plain) decoding; output is exactly the target's.
 
@@ -112,6 +114,8 @@ def generate(
         seed: seeds the torch.Generator used for every random draw.
         stop: strings or token ids that end a row (eos always does).
         chat: apply the tokenizer's chat template to string prompts.
+        tree: verify a tree of candidates per cycle instead of a chain (peagle.TreeConfig);
+            needs a drafter with ``depth_logprobs`` (P-EAGLE); draft_k is the tree's depth.
     Returns:
         GenerationOutput with ``sequences`` (token ids per prompt, prompt excluded), ``texts``,
         and ``stats`` (acceptance length, per-position acceptance, timings).
@@ -122,6 +126,8 @@ def generate(
     if policy is not None:
         draft_k = policy.max_k
     _validate(target, drafter, draft_k, max_new_tokens, prompt_ids)
+    if tree is not None and not hasattr(drafter, "depth_logprobs"):
+        raise ValueError("tree needs a drafter that gives a distribution per depth (depth_logprobs), e.g. PEagleDrafter")
     if drafter is not None:
         drafter.bind(target)
     k_max = draft_k if drafter is not None else 0
@@ -188,28 +194,14 @@ def generate(
             select(keep_rows)
         remaining = max(max_new_tokens - len(rows.outputs[b]) for b in active)
         k = min(k_max if policy is None else policy.choose(len(active)), remaining - 1)
-        # 2. draft
-        q, draft_s = None, 0.0
-        if k > 0:
-            _sync(device)
-            t0 = time.perf_counter()
-            draft = drafter.draft(DraftStep(**pending, history=history, history_lens=history_lens,
-                                            sampling=params, generator=generator), k)
-            _sync(device)
-            draft_s = time.perf_counter() - t0
-            draft_time += draft_s
-            drafts, q = draft.tokens, draft.probs
+        # 2-3. draft and verify (a chain, or a tree of candidates), 5. roll back the target
+        step_ctx = DraftStep(**pending, history=history, history_lens=history_lens, sampling=params, generator=generator)
+        if tree is not None and k > 0:
+            result, aux, positions, t_draft, t_verify = _tree_cycle(state, drafter, step_ctx, k, tree, last_token, params, generator)
         else:
-            drafts = last_token.new_zeros(len(active), 0)
-        # 3. verify
-        t0 = time.perf_counter()
-        step = state.extend(torch.cat([last_token[:, None], drafts], dim=1))
-        result = _verify(drafts, step.logits, q, params, generator)
-        # 5. roll back: keep the last token's slot plus the accepted drafts' slots
-        state.commit(result.num_emitted)
-        _sync(device)
-        verify_s = time.perf_counter() - t0
-        verify_time += verify_s
+            result, aux, positions, t_draft, t_verify = _chain_cycle(state, drafter, step_ctx, k, last_token, params, generator)
+        draft_time += t_draft
+        verify_time += t_verify
         # 4. accept
         cycles += 1
         num_acc = result.num_accepted.tolist()
@@ -217,10 +209,11 @@ def generate(
         accepted_per_cycle.append(num_acc)
         target_passes += len(active)
         accepted_total += sum(num_acc)
-        if k > 0:
-            counts = torch.bincount(result.num_accepted.cpu(), minlength=k + 1)
-            drafted_hist[:k] += len(active)
-            accepted_hist[:k] += counts.flip(0).cumsum(0).flip(0)[1:k + 1]
+        drafted = result.output_tokens.shape[1] - 1  # k, or the tree's depth
+        if drafted > 0:
+            counts = torch.bincount(result.num_accepted.cpu(), minlength=drafted + 1)
+            drafted_hist[:drafted] += len(active)
+            accepted_hist[:drafted] += counts.flip(0).cumsum(0).flip(0)[1:drafted + 1]
         keep_rows = []
         for i, b in enumerate(active):
             emitted, done = rows.emit(b, out_tokens[i][: num_acc[i] + 1])
@@ -228,14 +221,14 @@ def generate(
                 keep_rows.append(i)
         n_emit = result.num_emitted
         # Slots past a row's length are scratch (the -1 padding of output_tokens lands there).
-        history.scatter_(1, history_lens[:, None] + torch.arange(k + 1, device=device), result.output_tokens)
+        history.scatter_(1, history_lens[:, None] + torch.arange(drafted + 1, device=device), result.output_tokens)
         history_lens = history_lens + n_emit
         last_token = result.output_tokens.gather(1, result.num_accepted[:, None]).squeeze(1)
-        new_pairs = dict(tokens=result.output_tokens.clamp_min(0), hidden=step.aux, positions=step.positions, num_new=n_emit)
+        new_pairs = dict(tokens=result.output_tokens.clamp_min(0), hidden=aux, positions=positions, num_new=n_emit)
         # A cycle that drafted nothing (k = 0) leaves its pairs for the drafter's next call.
         pending = new_pairs if k > 0 or drafter is None else _append_pairs(pending, new_pairs)
         if policy is not None:
-            policy.observe(k, len(active), draft_s, verify_s, result.num_accepted)
+            policy.observe(k, len(active), t_draft, t_verify, result.num_accepted)
 
     _sync(device)
     wall = time.perf_counter() - t_start
@@ -269,6 +262,61 @@ def _append_pairs(old: dict, new: dict) -> dict:
             ia, ib, m = ia[..., None].expand(-1, -1, a.shape[-1]), ib[..., None].expand(-1, -1, a.shape[-1]), m[..., None]
         out[key] = torch.where(m, a.gather(1, ia), b.gather(1, ib))
     return out
+
+
+def _chain_cycle(state, drafter, step_ctx, k, last_token, params, generator):
+    """Draft k tokens, verify [last token, drafts] in one pass, keep the accepted slots."""
+    device = last_token.device
+    q, t_draft = None, 0.0
+    if k > 0:
+        _sync(device)
+        t0 = time.perf_counter()
+        draft = drafter.draft(step_ctx, k)
+        _sync(device)
+        t_draft = time.perf_counter() - t0
+        drafts, q = draft.tokens, draft.probs
+    else:
+        drafts = last_token.new_zeros(len(last_token), 0)
+    t0 = time.perf_counter()
+    step = state.extend(torch.cat([last_token[:, None], drafts], dim=1))
+    result = _verify(drafts, step.logits, q, params, generator)
+    state.commit(result.num_emitted)
+    _sync(device)
+    return result, step.aux, step.positions, t_draft, time.perf_counter() - t0
+
+
+def _tree_cycle(state, drafter, step_ctx, k, tree: TreeConfig, last_token, params, generator):
+    """One parallel pass -> a tree of candidates -> one target pass with a tree mask."""
+    from peagle.kernels import tree_verify
+
+    device = last_token.device
+    _sync(device)
+    t0 = time.perf_counter()
+    draft_tree = build_tree(drafter.depth_logprobs(step_ctx, tree.depth(k)), last_token, tree)
+    _sync(device)
+    t_draft = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    start = state.next_pos.clone()
+    step = state.extend_tree(draft_tree.tokens, draft_tree.depths, draft_tree.ancestors)
+    depth = tree.depth(k)
+    if params.greedy:
+        r = tree_verify(draft_tree.parents, draft_tree.tokens, step.logits, greedy=True, max_depth=depth)
+    else:
+        B, N = draft_tree.tokens.shape
+        r = tree_verify(draft_tree.parents, draft_tree.tokens, target_probs(step.logits, params),
+                        torch.rand(B, N, generator=generator, device=device),
+                        torch.rand(B, generator=generator, device=device), max_depth=depth)
+    path = r.accepted_path  # [B, depth + 1], root first
+    state.keep_path(path)
+    state.commit(r.num_accepted + 1)
+    # Tokens along the path after the root, then the recovered/bonus token: the chain layout.
+    path_tokens = draft_tree.tokens.gather(1, path.clamp_min(0))[:, 1:]
+    drafts = torch.where(path[:, 1:] >= 0, path_tokens, 0)
+    result = assemble_output(drafts, r.num_accepted, r.next_token)
+    aux = step.aux.gather(1, path.clamp_min(0)[..., None].expand(-1, -1, step.aux.shape[-1]))
+    positions = start[:, None] + torch.arange(path.shape[1], device=device)
+    _sync(device)
+    return result, aux, positions, t_draft, time.perf_counter() - t0
 
 
 def _verify(drafts, logits, q, params: SamplingParams, generator) -> VerifyResult:

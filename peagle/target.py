@@ -214,6 +214,36 @@ class TargetState:
         self._pending = T
         return TargetStep(logits, aux, positions)
 
+    def extend_tree(self, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> TargetStep:
+        """Run the target over a draft tree: tokens, depths [B, N]; ancestors [B, N, N] bool.
+
+        Node i sees the row's visible cache slots and the nodes j with ancestors[b, i, j]; its
+        position is the row's next position + depth (a float 4-D mask, as HF models accept).
+        """
+        B, N = tokens.shape
+        positions = self.next_pos[:, None] + depths
+        past = self.valid[:, None, :].expand(B, N, self.valid.shape[1])
+        visible = torch.cat([past, ancestors], dim=2)[:, None]  # [B, 1, N, past + N]
+        mask = torch.zeros(visible.shape, dtype=self.target.dtype, device=tokens.device)
+        mask.masked_fill_(~visible, torch.finfo(mask.dtype).min)
+        self.valid = torch.cat([self.valid, self.valid.new_ones(B, N)], dim=1)
+        logits, aux = self.target.forward(tokens, positions, self.cache, attention_4d=mask)
+        self._pending = N
+        return TargetStep(logits, aux, positions)
+
+    def keep_path(self, path: torch.Tensor) -> None:
+        """After extend_tree: move the slots of path [B, P] (node indices, -1 padded) to the
+        front of the tree block, so that commit(path length) keeps exactly them."""
+        N = self._pending
+        order = torch.arange(N, device=path.device).expand(path.shape[0], N).clone()
+        P = path.shape[1]
+        order[:, :P] = torch.where(path >= 0, path, order[:, :P])  # slots past the path: don't care
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                idx = order[:, None, :, None].expand(t.shape[0], t.shape[1], N, t.shape[3])
+                t[:, :, -N:] = t[:, :, -N:].gather(2, idx)
+
     def commit(self, num_keep: torch.Tensor) -> None:
         """Keep the first num_keep[b] (in [0, T]) of the last extend's T slots per row."""
         T = self._pending

@@ -33,7 +33,8 @@ def _first_rejection(accepted: torch.Tensor) -> torch.Tensor:
     return accepted.long().cumprod(-1).sum(-1)
 
 
-def _assemble(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, next_token: torch.Tensor) -> VerifyResult:
+def assemble_output(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, next_token: torch.Tensor) -> VerifyResult:
+    """[B, K] drafts, [B] accepted counts, [B] next token -> VerifyResult with -1 padding."""
     B, K = draft_tokens.shape
     cols = torch.arange(K + 1, device=draft_tokens.device)
     out = torch.cat([draft_tokens, draft_tokens.new_full((B, 1), -1)], dim=1)
@@ -52,7 +53,7 @@ def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Ve
     K = draft_tokens.shape[1]
     num_accepted = _first_rejection(draft_tokens == target_argmax[:, :K])
     next_token = target_argmax.gather(1, num_accepted[:, None]).squeeze(1)
-    return _assemble(draft_tokens, num_accepted, next_token)
+    return assemble_output(draft_tokens, num_accepted, next_token)
 
 
 def verify_sampling(
@@ -86,4 +87,4 @@ def verify_sampling(
         residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, weights)
         weights = torch.where(rejected[:, None], residual, weights)
     next_token = sample_from_weights(weights, sample_uniforms)
-    return _assemble(draft_tokens, num_accepted, next_token)
+    return assemble_output(draft_tokens, num_accepted, next_token)

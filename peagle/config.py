@@ -36,8 +36,9 @@ class DrafterConfig:
                 f"num_key_value_heads ({self.num_key_value_heads})")
         if self.draft_vocab_size > self.vocab_size:
             raise ValueError(f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}], got {self.draft_vocab_size}")
-        if not self.aux_layer_ids:
-            raise ValueError("aux_layer_ids must name at least one target layer")
+        from .target import check_aux_layer_ids
+
+        check_aux_layer_ids(self.aux_layer_ids)
         if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id must be in [0, {self.vocab_size}), got {self.mask_token_id}")
         object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))

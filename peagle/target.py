@@ -17,8 +17,25 @@ from torch import nn
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
-    """EAGLE-3's (2, L//2, L-3), clamped into [0, L) for very shallow models."""
-    return tuple(min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3))
+    """EAGLE-3's (2, L//2, L-3); for models too shallow for three distinct such layers,
+    (0, L//2, L-1) without repeats."""
+    ids = (2, num_layers // 2, num_layers - 3)
+    if ids[0] < ids[1] < ids[2] < num_layers:
+        return ids
+    return tuple(sorted({0, num_layers // 2, num_layers - 1}))
+
+
+def check_aux_layer_ids(ids, num_layers: int | None = None) -> tuple[int, ...]:
+    """Aux layer ids must be distinct and ascending: serving engines concatenate the captured
+    states in ascending layer order, each layer once, so any other order would feed fc a
+    permuted input."""
+    ids = tuple(int(i) for i in ids)
+    upper = f", {num_layers})" if num_layers is not None else ", L)"
+    if not ids or any(i < 0 or (num_layers is not None and i >= num_layers) for i in ids):
+        raise ValueError(f"aux_layer_ids must be non-empty layer indices in [0{upper}, got {ids}")
+    if any(a >= b for a, b in zip(ids, ids[1:])):
+        raise ValueError(f"aux_layer_ids must be strictly increasing (engines concatenate them in ascending order), got {ids}")
+    return ids
 
 
 def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -82,12 +99,10 @@ class Target:
 
     def set_aux_layer_ids(self, aux_layer_ids: Sequence[int]) -> None:
         """Capture other layers (a head may be trained on non-default ones)."""
-        ids = tuple(int(i) for i in aux_layer_ids)
-        if not ids or any(not 0 <= i < self.num_layers for i in ids):
-            raise ValueError(f"aux_layer_ids must be non-empty layer indices in [0, {self.num_layers}), got {ids}")
+        ids = check_aux_layer_ids(aux_layer_ids, self.num_layers)
         self.remove_hooks()
         self.aux_layer_ids = ids
-        self._hooks = [self.layers[i].register_forward_pre_hook(self._make_hook(i), with_kwargs=True) for i in sorted(set(ids))]
+        self._hooks = [self.layers[i].register_forward_pre_hook(self._make_hook(i), with_kwargs=True) for i in ids]
 
     def _make_hook(self, index: int):
         def hook(module, args, kwargs):

@@ -90,3 +90,8 @@ def test_bad_config_values():
         head(num_attention_heads=3)
     with pytest.raises(ValueError, match="draft_vocab_size"):
         head(draft_vocab_size=10**6)
+
+
+def test_aux_layer_ids_must_ascend():
+    with pytest.raises(ValueError, match="strictly increasing"):
+        peagle.Target(tiny_model("llama"), aux_layer_ids=(2, 1, 3))

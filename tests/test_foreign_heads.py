@@ -158,7 +158,6 @@ def test_unused_hidden_norm_of_later_layers_loads(tmp_path, target):
     assert torch.equal(drafts(target, got), drafts(target, ref))
 
 
-@pytest.mark.xfail(strict=True, reason="vLLM concatenates aux states in ascending layer order; peagle in config order")
 def test_unsorted_aux_layer_ids_refused_or_read_in_vllm_order(tmp_path, target):
     ref = reference_head(target, "eagle3", num_layers=1, aux_layer_ids=(0, 1, 3))
     path = write_foreign(tmp_path / "head", ref, extra_config={"eagle_aux_hidden_state_layer_ids": [3, 0, 1]})

@@ -20,12 +20,8 @@ from .layers import DecoderLayer, KVCache, RMSNorm, rope_cos_sin
 
 
 def _attention_impl():
-    from peagle import kernels
-
-    fn = getattr(kernels, "parallel_draft_attention", None)
-    if not callable(fn):  # kernels package not built yet: use the reference math
-        from .layers import reference_attention as fn
-    return fn
+    from peagle.kernels import parallel_draft_attention  # dispatches to Triton or its torch twin
+    return parallel_draft_attention
 
 
 class DraftHead(nn.Module):

@@ -145,18 +145,3 @@ class DecoderLayer(nn.Module):
         hidden = hidden + self.mlp(self.post_attention_layernorm(hidden))
         return hidden, (k, v)
 
-
-def reference_attention(q, k, v, k_cache, v_cache, cache_lens, scale=None):
-    """q [B,Q,Hq,D], k/v [B,Q,Hkv,D], caches [B,Hkv,S,D], cache_lens [B] -> [B,Q,Hq,D]."""
-    B, Q, Hq, D = q.shape
-    S = k_cache.shape[2]
-    keys = torch.cat([k_cache, k.transpose(1, 2)], dim=2)  # [B, Hkv, S+Q, D]
-    values = torch.cat([v_cache, v.transpose(1, 2)], dim=2)
-    rep = Hq // keys.shape[1]
-    keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
-    kv = torch.arange(S + Q, device=q.device)
-    qi = torch.arange(Q, device=q.device)
-    visible = torch.where(kv[None, None, :] < S, kv[None, None, :] < cache_lens[:, None, None],
-                          (kv[None, None, :] - S) <= qi[None, :, None])  # [B, Q, S+Q]
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=visible[:, None], scale=scale)
-    return out.transpose(1, 2)

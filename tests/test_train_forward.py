@@ -90,6 +90,11 @@ def test_kl_is_kl_of_target_to_draft():
     expect = F.kl_div(F.log_softmax(s, -1), F.log_softmax(t, -1), log_target=True, reduction="none").sum(-1)
     torch.testing.assert_close(kl_target_draft(s, t), expect)
     assert kl_target_draft(t, t).abs().max() < 1e-6
+    s1, s2 = s.clone().requires_grad_(), s.clone().requires_grad_()
+    w = torch.rand(6)
+    (kl_target_draft(s1, t) * w).sum().backward()
+    (F.kl_div(F.log_softmax(s2, -1), F.log_softmax(t, -1), log_target=True, reduction="none").sum(-1) * w).sum().backward()
+    torch.testing.assert_close(s1.grad, s2.grad)
 
 
 def _grads(head):

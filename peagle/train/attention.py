@@ -4,7 +4,8 @@ Visibility rule (peagle/train/plan.py): query (a, d) sees key (a', d') iff they 
 sequence and either d' = 0 and a' <= a, or a' = a and 1 <= d' <= d.
 
 Keys arrive as *groups*, each sorted by anchor, so the keys a chunk of queries with anchors in
-[lo, hi] can see form one contiguous range per group (found by binary search). Each chunk builds
+[lo, hi] can see form one contiguous range per group (found by binary search): depth-0 keys from
+the sequence's start to hi, chain keys (depth >= 1) with anchors in [lo, hi] only. Each chunk builds
 its small mask on the fly; when a pass needs several chunks and gradients are on, each chunk is
 recomputed in backward (activation checkpointing) so the peak memory stays one chunk's scores.
 """
@@ -24,6 +25,11 @@ class KeyGroup:
     anchor: torch.Tensor  # [E] sorted ascending
     depth: torch.Tensor  # [E]
     doc: torch.Tensor  # [E]
+
+    @property
+    def context(self) -> bool:
+        """Depth-0 keys only (visible to every later anchor of the sequence)."""
+        return not bool(self.depth.any())
 
 
 def visible(q_anchor, q_depth, q_doc, k_anchor, k_depth, k_doc) -> torch.Tensor:
@@ -50,23 +56,26 @@ def _attend_chunk(q, q_anchor, q_depth, q_doc, ranges, *kv_and_meta):
 
 
 def packed_attention(q: torch.Tensor, q_anchor: torch.Tensor, q_depth: torch.Tensor, q_doc: torch.Tensor,
-                     keys: list[KeyGroup], doc_start: torch.Tensor, budget: int = 1 << 25) -> torch.Tensor:
+                     keys: list[KeyGroup], doc_start: torch.Tensor, budget: int = 1 << 22) -> torch.Tensor:
     """Attention of queries q [Q, Hq, D] (sorted by anchor) over key groups -> [Q, Hq, D].
 
     budget: largest number of attention scores (queries x keys x heads) one chunk may hold.
     """
     Q, Hq, _ = q.shape
-    total_keys = max(1, sum(g.anchor.numel() for g in keys))
-    chunk = max(16, budget // (Hq * total_keys))
+    context = [g.context for g in keys]
+    # Chunk size from the widest case: every depth-0 key plus this pass's own chain keys.
+    widest = sum(g.anchor.numel() for g, c in zip(keys, context) if c) + Q
+    chunk = max(16, budget // (Hq * max(1, widest)))
     starts = list(range(0, Q, chunk))
     use_ckpt = len(starts) > 1 and torch.is_grad_enabled()
     flat = [t for g in keys for t in (g.k, g.v, g.anchor, g.depth, g.doc)]
     outs = []
     for s in starts:
         e = min(s + chunk, Q)
-        lo = int(doc_start[q_doc[s]])
-        hi = int(q_anchor[e - 1])
-        ranges = [(int(torch.searchsorted(g.anchor, lo)), int(torch.searchsorted(g.anchor, hi, right=True))) for g in keys]
+        first = int(doc_start[q_doc[s]])
+        lo, hi = int(q_anchor[s]), int(q_anchor[e - 1])
+        ranges = [(int(torch.searchsorted(g.anchor, first if c else lo)), int(torch.searchsorted(g.anchor, hi, right=True)))
+                  for g, c in zip(keys, context)]
         args = (q[s:e], q_anchor[s:e], q_depth[s:e], q_doc[s:e], ranges, *flat)
         if use_ckpt:
             outs.append(checkpoint(_attend_chunk, *args, use_reentrant=False))

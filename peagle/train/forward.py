@@ -37,7 +37,7 @@ class Features:
 class PassRunner:
     """Runs passes of elements through the head's layers, keeping every pass's keys/values."""
 
-    def __init__(self, head, packed: Packed, budget: int = 1 << 25):
+    def __init__(self, head, packed: Packed, budget: int = 1 << 22):
         self.head, self.packed, self.budget = head, packed, budget
         self.keys: list[list[KeyGroup]] = [[] for _ in head.layers]
 
@@ -76,11 +76,31 @@ class PassRunner:
             self.keys[i].append(KeyGroup(flat[2 * i], flat[2 * i + 1], prefix.anchor, prefix.depth, prefix.doc))
 
 
+class _KLTargetDraft(torch.autograd.Function):
+    """KL(p || q) with its gradient q - p saved as the only [E, N] tensor (the loss is memory-bound)."""
+
+    @staticmethod
+    def forward(ctx, draft_logits, target_logits):
+        logq = F.log_softmax(draft_logits.float(), dim=-1)
+        logp = F.log_softmax(target_logits.float(), dim=-1)
+        p = logp.exp()
+        kl = (p * (logp - logq)).sum(-1)
+        ctx.in_dtype = draft_logits.dtype
+        ctx.save_for_backward(logq.exp_().sub_(p))
+        return kl
+
+    @staticmethod
+    def backward(ctx, grad):
+        (q_minus_p,) = ctx.saved_tensors
+        return (q_minus_p * grad[:, None]).to(ctx.in_dtype), None
+
+
 def kl_target_draft(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
-    """KL(p || q) per row over the draft vocabulary: p = softmax(target), q = softmax(draft). [E, N] -> [E]."""
-    logp = F.log_softmax(target_logits.float(), dim=-1)
-    logq = F.log_softmax(draft_logits.float(), dim=-1)
-    return (logp.exp() * (logp - logq)).sum(-1)
+    """KL(p || q) per row over the draft vocabulary: p = softmax(target), q = softmax(draft). [E, N] -> [E].
+
+    The target side takes no gradient.
+    """
+    return _KLTargetDraft.apply(draft_logits, target_logits.detach())
 
 
 @dataclass
@@ -101,17 +121,39 @@ class StepStats:
         self.count = (torch.tensor(self.count) + torch.bincount(d.cpu(), minlength=max_depth)[:max_depth].float()).tolist()
 
 
+LOSS_CHUNK = 1024  # supervised rows whose [rows, N] logits exist at once
+
+
+def _loss_chunk(head, hidden, labels, w, target_logits):
+    draft = head.logits(hidden)
+    tgt = target_logits(labels)
+    kl = kl_target_draft(draft, tgt)
+    return (kl * w).sum(), kl.detach(), draft.argmax(-1) == tgt.argmax(-1)
+
+
 def _supervised_loss(head, out: torch.Tensor, group: Group, feats: Features, scale: torch.Tensor | float,
                      stats: StepStats, max_depth: int) -> torch.Tensor:
-    sup = group.weight > 0
-    if not bool(sup.any()):
+    """sum(scale * KL) over the supervised rows, LOSS_CHUNK rows at a time.
+
+    With several chunks each one is recomputed in backward, so no [rows, N] tensor outlives its chunk.
+    """
+    sup = (group.weight > 0).nonzero().flatten()
+    if sup.numel() == 0:
         return out.sum() * 0.0
-    draft = head.logits(out[sup])
-    tgt = feats.target_logits(group.label[sup])
-    kl = kl_target_draft(draft, tgt)
-    stats.add(group.depth[sup], kl, draft.argmax(-1) == tgt.argmax(-1), max_depth)
-    w = scale[group.depth[sup]] if isinstance(scale, torch.Tensor) else scale
-    return (kl * w).sum()
+    depth, labels = group.depth[sup], group.label[sup]
+    w = scale[depth] if isinstance(scale, torch.Tensor) else torch.full(depth.shape, float(scale), device=out.device)
+    starts = range(0, sup.numel(), LOSS_CHUNK)
+    use_ckpt = len(starts) > 1 and torch.is_grad_enabled()
+    total, kls, correct = 0.0, [], []
+    for s in starts:
+        rows = slice(s, s + LOSS_CHUNK)
+        args = (head, out[sup[rows]], labels[rows], w[rows], feats.target_logits)
+        loss, kl, ok = checkpoint(_loss_chunk, *args, use_reentrant=False) if use_ckpt else _loss_chunk(*args)
+        total = total + loss
+        kls.append(kl)
+        correct.append(ok)
+    stats.add(depth, torch.cat(kls), torch.cat(correct), max_depth)
+    return total
 
 
 def _fc_hidden(head, feats: Features):
@@ -139,7 +181,7 @@ def plan_peagle(packed: Packed, max_depth: int, mask_token_id: int, ratio: float
 
 
 def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float, num_segments: int = 1,
-                backward: bool = True, budget: int = 1 << 25) -> StepStats:
+                backward: bool = True, budget: int = 1 << 22) -> StepStats:
     """P-EAGLE loss sum(KL) / norm over the plan's supervised elements, S forward+backward passes.
 
     norm: the supervised count of the whole global batch (so gradients add up across
@@ -161,6 +203,7 @@ def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float, num_segmen
         stats.objective += float(loss.detach())
         if backward and loss.requires_grad:
             loss.backward()
+        del runner, out, hidden, h0, loss  # free this segment's activations before the next one starts
     return stats
 
 
@@ -181,7 +224,7 @@ def plan_eagle3(packed: Packed, steps: int = 7) -> Eagle3Plan:
 
 
 def eagle3_step(head, plan: Eagle3Plan, feats: Features, norms: list[float], steps: int = 7,
-                backward: bool = True, budget: int = 1 << 25) -> StepStats:
+                backward: bool = True, budget: int = 1 << 22) -> StepStats:
     """Training-time test: sum_d 0.8^d * sum(KL at depth d) / norms[d], depths unrolled in sequence."""
     stats = StepStats()
     scale = torch.tensor([TTT_DECAY ** d / max(n, 1.0) for d, n in enumerate(norms)], device=feats.aux.device)

@@ -157,8 +157,13 @@ def stdlib_code_prompts(limit: int, seed: int = 0) -> list[dict]:
     root = Path(sysconfig.get_paths()["stdlib"])
     skip = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "turtledemo", "ensurepip"}
     files = sorted(p for p in root.rglob("*.py") if not skip.intersection(p.relative_to(root).parts))
-    funcs = [(f"{p.relative_to(root)}:{i}", head, whole) for p in files for i, (head, whole) in enumerate(_functions(p))]
     rng = random.Random(seed)
+    rng.shuffle(files)
+    funcs = []
+    for p in files:  # parse modules in a seeded order until there are twice as many functions as needed
+        funcs += [(f"{p.relative_to(root)}:{i}", head, whole) for i, (head, whole) in enumerate(_functions(p))]
+        if len(funcs) >= 2 * limit:
+            break
     rng.shuffle(funcs)
     out = []
     for j, (name, head, whole) in enumerate(funcs[:limit]):

@@ -1,5 +1,8 @@
 """`peagle export DIR --format vllm --out OUT`: a head directory serving engines load as is.
 
+``--format compact`` writes the repository form instead: only the embedding rows that differ from
+the target's (how the heads shipped in ``peagle/heads/`` are stored; engines cannot load it).
+
 The export writes the full embedding table (a compact head is rebuilt from its target first),
 both mask-token keys, and checks completeness itself: engines silently accept heads with missing
 tensors (no norm, no hidden_norm, no d2t) and then draft wrongly, so an incomplete head is refused
@@ -16,7 +19,7 @@ import torch
 from .checkpoint import (WEIGHTS, CheckpointError, config_from_dict, from_pretrained, read_tensors, save_pretrained,
                          validate_tensors)
 
-FORMATS = ("vllm",)
+FORMATS = ("vllm", "compact")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -48,6 +51,12 @@ def export(src: str | Path, out: str | Path, fmt: str = "vllm", target=None, dty
         if head.config.mask_token_id is None:
             raise CheckpointError(f"{src}: a P-EAGLE head needs a mask token id")
     name = (json.loads((Path(src) / "config.json").read_text()).get("peagle") or {}).get("target")
+    if fmt == "compact":
+        if target is None and kind == "peagle":
+            raise CheckpointError("--format compact needs --target: the rows are stored relative to its table")
+        path = save_pretrained(head, out, compact=kind == "peagle", target=target, dtype=dtype, target_name=name)
+        from_pretrained(path, target=target)  # the compact form must rebuild
+        return path
     path = save_pretrained(head, out, compact=False, dtype=dtype, target_name=name)
     check_complete(path)
     tensors = read_tensors(path / WEIGHTS)

@@ -22,7 +22,7 @@ from .prompts import Prompts, encode_prompts
 from .sampling import SamplingParams, sample_from_weights, target_probs
 from .stats import GenerationOutput, GenerationStats
 from .target import Target
-from .tree import TreeConfig, build_tree
+from .tree import TreeConfig
 from .verify import VerifyResult, assemble_output, verify_greedy, verify_sampling
 
 
@@ -115,7 +115,7 @@ def generate(
         stop: strings or token ids that end a row (eos always does).
         chat: apply the tokenizer's chat template to string prompts.
         tree: verify a tree of candidates per cycle instead of a chain (peagle.TreeConfig);
-            needs a drafter with ``depth_logprobs`` (P-EAGLE); draft_k is the tree's depth.
+            needs a drafter with ``draft_tree`` (P-EAGLE, EAGLE-3); draft_k is the tree's depth.
     Returns:
         GenerationOutput with ``sequences`` (token ids per prompt, prompt excluded), ``texts``,
         and ``stats`` (acceptance length, per-position acceptance, timings).
@@ -126,8 +126,8 @@ def generate(
     if policy is not None:
         draft_k = policy.max_k
     _validate(target, drafter, draft_k, max_new_tokens, prompt_ids)
-    if tree is not None and not hasattr(drafter, "depth_logprobs"):
-        raise ValueError("tree needs a drafter that gives a distribution per depth (depth_logprobs), e.g. PEagleDrafter")
+    if tree is not None and not hasattr(drafter, "draft_tree"):
+        raise ValueError("tree needs a drafter that builds draft trees (draft_tree): PEagleDrafter or Eagle3Drafter")
     if drafter is not None:
         drafter.bind(target)
     k_max = draft_k if drafter is not None else 0
@@ -292,7 +292,7 @@ def _tree_cycle(state, drafter, step_ctx, k, tree: TreeConfig, last_token, param
     device = last_token.device
     _sync(device)
     t0 = time.perf_counter()
-    draft_tree = build_tree(drafter.depth_logprobs(step_ctx, tree.depth(k)), last_token, tree)
+    draft_tree = drafter.draft_tree(step_ctx, tree.depth(k), tree)
     _sync(device)
     t_draft = time.perf_counter() - t0
     t0 = time.perf_counter()

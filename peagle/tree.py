@@ -10,6 +10,9 @@ same candidate children: the most likely tokens of q_d. Two shapes:
 * dynamic: the ``num_nodes`` nodes of highest cumulative log q (best-first, as EAGLE-2 ranks
   nodes); cumulative scores fall along a path, so the kept set is a tree.
 
+An autoregressive drafter (EAGLE-3) has no such per-depth distributions; it grows its tree by
+EAGLE-2's expansion instead (``Eagle3Drafter.draft_tree``), and both end in ``tree_from_nodes``.
+
 Node 0 of every tree is the root (the last emitted token); nodes are ordered so that a parent
 precedes its children and siblings come in decreasing q (the order verification tries them).
 """
@@ -25,6 +28,7 @@ import torch
 class TreeConfig:
     kind: str = "dynamic"  # "dynamic" (best cumulative log q under a node budget) or "static"
     num_nodes: int = 32  # dynamic: draft nodes (root excluded)
+    expand: int = 4  # EAGLE-3 trees: nodes expanded per depth, and candidates per expanded node
     branching: tuple[int, ...] = (4, 2, 2, 1, 1, 1, 1)  # static: candidates per depth
 
     def __post_init__(self) -> None:
@@ -93,6 +97,12 @@ def build_tree(depth_logq: torch.Tensor, root_tokens: torch.Tensor, config: Tree
             rows.append(_static_row(indices[b], config.branching))
         else:
             rows.append(_dynamic_row(values[b], indices[b], config.num_nodes))
+    return tree_from_nodes(rows, root_tokens, depth_logq.device)
+
+
+def tree_from_nodes(rows: list[list[tuple[int, int]]], root_tokens: torch.Tensor, device) -> DraftTree:
+    """Per row, (parent, token) for nodes 1..n (parents precede children) -> padded DraftTree."""
+    B = len(rows)
     n = max(len(r) for r in rows) + 1
     parents = torch.full((B, n), -1, dtype=torch.long)
     tokens = torch.zeros((B, n), dtype=torch.long)
@@ -108,5 +118,4 @@ def build_tree(depth_logq: torch.Tensor, root_tokens: torch.Tensor, config: Tree
     for b, row in enumerate(rows):  # padding nodes see only themselves (outputs ignored)
         for i in range(len(row) + 1, n):
             ancestors[b, i, i] = True
-    dev = depth_logq.device
-    return DraftTree(parents.to(dev), tokens.to(dev), depths.to(dev), ancestors.to(dev))
+    return DraftTree(parents.to(device), tokens.to(device), depths.to(device), ancestors.to(device))

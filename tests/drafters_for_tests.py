@@ -60,6 +60,12 @@ class RunnerUpTreeDrafter(OracleDrafter):
         logq = self.depth_logprobs(step, draft_k)
         return peagle.Draft(logq.argmax(-1))
 
+    def draft_tree(self, step, depth, config):
+        from peagle.tree import build_tree
+
+        root = step.history.gather(1, (step.history_lens - 1)[:, None]).squeeze(1)
+        return build_tree(self.depth_logprobs(step, depth), root, config)
+
     def depth_logprobs(self, step, depth):
         lens = step.history_lens.tolist()
         logq = torch.full((len(lens), depth, self.vocab_size), -10.0)

@@ -64,3 +64,35 @@ def test_tree_needs_a_parallel_drafter():
         peagle.generate(target, peagle.NgramDrafter(), PROMPTS, draft_k=3, max_new_tokens=8, tree=peagle.TreeConfig())
     with pytest.raises(ValueError, match="kind"):
         peagle.TreeConfig("bushy")
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "peagle"])
+def test_single_branch_tree_equals_the_chain(kind):
+    """A tree with one candidate per depth is the chain: same draft tokens from the same context."""
+    target, _ = setup("llama")
+    cls = peagle.Eagle3Drafter if kind == "eagle3" else peagle.PEagleDrafter
+    drafter = cls(peagle.DrafterConfig.for_target(target, num_layers=2))
+    drafter.bind(target)
+    g = torch.Generator().manual_seed(0)
+    B, T, k = 3, 6, 5
+    step = peagle.DraftStep(
+        tokens=torch.randint(0, target.vocab_size, (B, T), generator=g),
+        hidden=torch.randn(B, T, target.aux_hidden_size, generator=g),
+        positions=torch.arange(T).expand(B, T).clone(), num_new=torch.tensor([6, 2, 4]),
+        history=torch.zeros(B, 1, dtype=torch.long), history_lens=torch.ones(B, dtype=torch.long),
+        sampling=peagle.SamplingParams())
+    drafter.reset(B)
+    chain = drafter.draft(step, k).tokens
+    drafter.reset(B)
+    config = peagle.TreeConfig("dynamic", num_nodes=k, expand=1) if kind == "eagle3" else peagle.TreeConfig("static", branching=(1,) * k)
+    tree = drafter.draft_tree(step, k, config)
+    assert tree.parents[:, 1:].tolist() == [list(range(k))] * B
+    assert torch.equal(tree.tokens[:, 1:], chain)
+
+
+def test_eagle3_tree_greedy_matches_plain():
+    target, reference = setup("qwen3")
+    drafter = peagle.Eagle3Drafter(peagle.DrafterConfig.for_target(target, num_layers=1))
+    out = peagle.generate(target, drafter, PROMPTS, draft_k=5, max_new_tokens=41,
+                          tree=peagle.TreeConfig("dynamic", num_nodes=16, expand=3))
+    assert out.sequences == reference

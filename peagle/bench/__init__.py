@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
     args = _resolve(args)
     transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # the weight-loading bar: our own bar is enough
     threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -59,6 +59,26 @@ def count_emitted(ids: list[int], eos_ids: set[int]) -> list[int]:
     return ids
 
 
+def first_divergence(target: peagle.Target, prompt: list[int], plain: list[int], other: list[int]) -> tuple[int, float] | None:
+    """Where ``other`` leaves ``plain`` and the target's top-2 logit gap there; None if identical.
+
+    Speculative decoding is lossless in exact arithmetic. In bf16 the target's own logits depend on
+    how many tokens one forward scores (other kernels, other rounding), so a greedy near-tie (gap of
+    about one bf16 step, 0.125-0.25 at logits near 30) can flip and the texts part there. A gap far
+    above that would point at a real bug.
+    """
+    i = next((j for j, (a, b) in enumerate(zip(plain, other)) if a != b), None)
+    if i is None:
+        if len(plain) == len(other):
+            return None
+        i = min(len(plain), len(other))
+    ids = torch.tensor([prompt + plain[:i]], device=target.device)
+    with torch.no_grad():
+        logits = target.model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
+    top = logits.topk(2).values
+    return i, float(top[0] - top[1])
+
+
 class ArmRunner:
     """Runs any arm on one target with the drafters it was given.
 

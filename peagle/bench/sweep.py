@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from peagle.autok import make_policy
 
-from .arms import DRAFTING, ArmRunner, ArmSpec, CallResult
+from .arms import DRAFTING, ArmRunner, ArmSpec, CallResult, first_divergence
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,7 @@ def run_group(runner: ArmRunner, cfg: SweepConfig, prompts: list[list[int]], *, 
             if progress is not None:
                 progress.update(1)
     plain = next((s for s in specs if s.arm == "plain"), None)
+    ordered_prompts = [p for b in batches for p in b]
     rows = []
     for spec in specs:
         row = {"arm": spec.arm, "label": spec.label, "draft_k": spec.draft_k, "batch_size": batch_size,
@@ -130,6 +131,12 @@ def run_group(runner: ArmRunner, cfg: SweepConfig, prompts: list[list[int]], *, 
             same = sum(x == y for x, y in zip(first_seqs[spec], first_seqs[plain]))
             # Under sampling outputs are equal in distribution only: token identity is not expected.
             row["identical_to_plain"] = same / len(first_seqs[plain]) if temperature == 0 else None
+            if temperature == 0 and same < len(first_seqs[plain]):
+                div = [first_divergence(runner.target, p, a, b) for p, a, b in
+                       zip(ordered_prompts, first_seqs[plain], first_seqs[spec])]
+                div = [d for d in div if d is not None]
+                row["first_divergence"] = min(i for i, _ in div)
+                row["divergence_gap_max"] = max(g for _, g in div)
         else:
             row["speedup_vs_baseline"] = row["identical_to_plain"] = None
         rows.append(row)

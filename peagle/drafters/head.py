@@ -113,12 +113,13 @@ class DraftHead(nn.Module):
 
     # -- the forward pass ---------------------------------------------------------------
     def run(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-            num_write: torch.Tensor) -> torch.Tensor:
+            num_write: torch.Tensor, attend_fn=None) -> torch.Tensor:
         """One drafter pass over a left-aligned block, returning pre-norm states.
 
         tokens, positions: [B, Q]; hidden: [B, Q, H] (already through fc, or the head's own
         previous output); num_write: [B] leading entries per row to append to the cache.
-        Returns [B, Q, H]; queries see the cache and this block causally.
+        Returns [B, Q, H]; queries see the cache and this block causally. ``attend_fn(layer,
+        q, k, v)`` replaces that attention (tree expansion supplies its own mask).
         """
         cache = self.cache
         attention = _attention_impl()
@@ -127,7 +128,9 @@ class DraftHead(nn.Module):
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = cache.view(i)
 
-            def attend(q, k, v, k_cache=k_cache, v_cache=v_cache):
+            def attend(q, k, v, i=i, k_cache=k_cache, v_cache=v_cache):
+                if attend_fn is not None:
+                    return attend_fn(i, q, k, v)
                 return attention(q, k, v, k_cache, v_cache, cache.lens)
 
             hidden, (k, v) = layer(hidden, emb if i == 0 else None, cos, sin, attend)

@@ -145,3 +145,11 @@ class DecoderLayer(nn.Module):
         hidden = hidden + self.mlp(self.post_attention_layernorm(hidden))
         return hidden, (k, v)
 
+
+
+def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """q [B, Q, Hq, D], keys/values [B, Hkv, S, D], visible [B, Q, S] bool -> [B, Q, Hq, D]."""
+    rep = q.shape[2] // keys.shape[1]
+    keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=visible[:, None])
+    return out.transpose(1, 2)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..config import DrafterConfig
+from ..tree import DraftTree, TreeConfig, build_tree
 from .base import Draft, DraftStep
 from .head import DraftHead
 
@@ -57,6 +58,11 @@ class PEagleDrafter(DraftHead):
     def draft(self, step: DraftStep, draft_k: int) -> Draft:
         tokens, q = self.choose(self.draft_logits(step, draft_k), step)
         return Draft(tokens, q)
+
+    def draft_tree(self, step: DraftStep, depth: int, config: TreeConfig) -> DraftTree:
+        """A tree from the single pass's per-depth distributions (peagle.tree.build_tree)."""
+        root = step.tokens.gather(1, (step.num_new - 1)[:, None]).squeeze(1)
+        return build_tree(self.depth_logprobs(step, depth), root, config)
 
     def depth_logprobs(self, step: DraftStep, depth: int) -> torch.Tensor:
         """Full-vocabulary log q for depths 1..depth from one pass, [B, depth, V] (for trees)."""

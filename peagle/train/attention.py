@@ -56,16 +56,16 @@ def _attend_chunk(q, q_anchor, q_depth, q_doc, ranges, *kv_and_meta):
 
 
 def packed_attention(q: torch.Tensor, q_anchor: torch.Tensor, q_depth: torch.Tensor, q_doc: torch.Tensor,
-                     keys: list[KeyGroup], doc_start: torch.Tensor, budget: int = 1 << 22) -> torch.Tensor:
+                     keys: list[KeyGroup], doc_start: torch.Tensor, budget: int = 1 << 23) -> torch.Tensor:
     """Attention of queries q [Q, Hq, D] (sorted by anchor) over key groups -> [Q, Hq, D].
 
     budget: largest number of attention scores (queries x keys x heads) one chunk may hold.
     """
     Q, Hq, _ = q.shape
     context = [g.context for g in keys]
-    # Chunk size from the widest case: every depth-0 key plus this pass's own chain keys.
-    widest = sum(g.anchor.numel() for g, c in zip(keys, context) if c) + Q
-    chunk = max(16, budget // (Hq * max(1, widest)))
+    # Chunk size from the depth-0 keys a chunk may read (its chain keys are few: <= K per anchor).
+    widest = sum(g.anchor.numel() for g, c in zip(keys, context) if c)
+    chunk = max(64, budget // (Hq * max(1, widest)))
     starts = list(range(0, Q, chunk))
     use_ckpt = len(starts) > 1 and torch.is_grad_enabled()
     flat = [t for g in keys for t in (g.k, g.v, g.anchor, g.depth, g.doc)]

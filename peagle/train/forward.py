@@ -37,7 +37,7 @@ class Features:
 class PassRunner:
     """Runs passes of elements through the head's layers, keeping every pass's keys/values."""
 
-    def __init__(self, head, packed: Packed, budget: int = 1 << 22):
+    def __init__(self, head, packed: Packed, budget: int = 1 << 23):
         self.head, self.packed, self.budget = head, packed, budget
         self.keys: list[list[KeyGroup]] = [[] for _ in head.layers]
 
@@ -181,7 +181,7 @@ def plan_peagle(packed: Packed, max_depth: int, mask_token_id: int, ratio: float
 
 
 def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float, num_segments: int = 1,
-                backward: bool = True, budget: int = 1 << 22) -> StepStats:
+                backward: bool = True, budget: int = 1 << 23) -> StepStats:
     """P-EAGLE loss sum(KL) / norm over the plan's supervised elements, S forward+backward passes.
 
     norm: the supervised count of the whole global batch (so gradients add up across
@@ -224,7 +224,7 @@ def plan_eagle3(packed: Packed, steps: int = 7) -> Eagle3Plan:
 
 
 def eagle3_step(head, plan: Eagle3Plan, feats: Features, norms: list[float], steps: int = 7,
-                backward: bool = True, budget: int = 1 << 22) -> StepStats:
+                backward: bool = True, budget: int = 1 << 23) -> StepStats:
     """Training-time test: sum_d 0.8^d * sum(KL at depth d) / norms[d], depths unrolled in sequence."""
     stats = StepStats()
     scale = torch.tensor([TTT_DECAY ** d / max(n, 1.0) for d, n in enumerate(norms)], device=feats.aux.device)

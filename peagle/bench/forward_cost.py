@@ -1,0 +1,93 @@
+"""Cost of one target forward over n new tokens, relative to one new token.
+
+    python -m peagle.bench.forward_cost                       # embedded SmolLM2, bf16 and fp32
+    python -m peagle.bench.forward_cost --new-tokens 1,8,16 --batch-sizes 1,4
+
+This is the price of verification: speculative decoding pays off when scoring k + 1 tokens costs
+little more than scoring one. Each round times every n once, in a shuffled order, through the same
+path generate() uses (``TargetState.extend`` then a roll-back of all new slots), at a fixed context
+length; the table reports medians and the median of per-round ratios, which a shared machine's
+load disturbs far less than absolute times.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from statistics import median
+
+
+def measure(target, new_tokens: list[int], batch_size: int, context: int, rounds: int, seed: int = 0) -> dict:
+    """{n: {"ms": median ms, "ratio": median of per-round t(n) / t(1)}} for one batch size."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    vocab = min(target.vocab_size, 32000)
+    state = target.new_state(batch_size)
+    prompt = torch.randint(100, vocab, (batch_size, context), generator=gen)
+    state.extend(prompt)
+    state.commit(torch.full((batch_size,), context))
+    tokens = torch.randint(100, vocab, (batch_size, max(new_tokens)), generator=gen)
+    none_kept = torch.zeros(batch_size, dtype=torch.long)
+    order = sorted(set(new_tokens) | {1})
+    rng = random.Random(seed)
+    times: dict[int, list[float]] = {n: [] for n in order}
+    for r in range(rounds + 1):  # round 0 is a warm-up
+        rng.shuffle(order)
+        for n in order:
+            t0 = time.perf_counter()
+            state.extend(tokens[:, :n])
+            state.commit(none_kept)
+            if r:
+                times[n].append(time.perf_counter() - t0)
+    return {n: {"ms": 1e3 * median(times[n]),
+                "ratio": median(a / b for a, b in zip(times[n], times[1]))} for n in sorted(new_tokens)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m peagle.bench.forward_cost", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="embedded", help="embedded, tiny or an HF model dir")
+    p.add_argument("--dtypes", default="bfloat16,float32")
+    p.add_argument("--new-tokens", default="1,2,4,8,12,16")
+    p.add_argument("--batch-sizes", default="1")
+    p.add_argument("--context", type=int, default=200, help="tokens already in the cache")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--threads", type=int, default=0)
+    args = p.parse_args(argv)
+
+    import torch
+    import transformers
+
+    from .models import load_bench_target
+    from .report import machine_info
+
+    transformers.logging.set_verbosity_error()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ns = [int(x) for x in args.new_tokens.split(",")]
+    results = []
+    for dtype_name in args.dtypes.split(","):
+        target = load_bench_target(args.model, getattr(torch, dtype_name))
+        for b in (int(x) for x in args.batch_sizes.split(",")):
+            for n, r in measure(target, ns, b, args.context, args.rounds).items():
+                results.append({"dtype": dtype_name, "batch_size": b, "new_tokens": n, "ms": round(r["ms"], 3),
+                                "ratio_to_1": round(r["ratio"], 3)})
+            print(f"{dtype_name} batch {b} done", file=sys.stderr)
+    m = machine_info()
+    print(f"target forward over n new tokens at context {args.context}: {args.model}, {m['cores']} cores, "
+          f"{m['torch_threads']} threads, AMX bf16 {'yes' if m['amx_bf16'] else 'no'}, {m['date']}, "
+          f"{args.rounds} rounds (medians)")
+    groups = sorted({(r["dtype"], r["batch_size"]) for r in results}, key=lambda g: (args.dtypes.index(g[0]), g[1]))
+    print("| dtype | batch | " + " | ".join(f"n={n}" for n in ns) + " |")
+    print("|---|---|" + "---|" * len(ns))
+    for d, b in groups:
+        cells = [r for r in results if r["dtype"] == d and r["batch_size"] == b]
+        print(f"| {d} | {b} | " + " | ".join(f"{r['ms']:.1f} ms ({r['ratio_to_1']:.2f}x)" for r in cells) + " |")
+    print(json.dumps({"machine": m, "context": args.context, "rounds": args.rounds, "rows": results}, separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -107,6 +107,8 @@ def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True, help="run directory (resumes from its last checkpoint)")
     p.add_argument("--target", default=d.target)
+    p.add_argument("--target-dtype", default=d.target_dtype, choices=["bfloat16", "float32", "float16"],
+                   help="dtype the target is served in (must match the features cache)")
     p.add_argument("--layers", type=int, default=None, help="decoder layers (default 4 for P-EAGLE, 1 for EAGLE-3)")
     p.add_argument("--intermediate-size", type=int, default=None, help="MLP width (default: the target's)")
     if kind == "peagle":

@@ -110,7 +110,7 @@ def cache_shard(target: Target, rows: list[list[int]], out_dir: Path, batch_toke
             fin_mm[offsets[j]: offsets[j + 1]] = _to_u16(final)
     aux_mm.flush(), fin_mm.flush()
     del aux_mm, fin_mm
-    meta = {"rows": len(rows), "tokens": int(offsets[-1]), "aux_size": A, "hidden_size": H,
+    meta = {"rows": len(rows), "tokens": int(offsets[-1]), "aux_size": A, "hidden_size": H, "dtype": str(target.dtype),
             "aux_layer_ids": list(target.aux_layer_ids), "offsets": offsets.tolist(),
             "seconds": round(time.perf_counter() - t0, 1)}
     (tmp / "meta.json").write_text(json.dumps(meta))

@@ -38,6 +38,7 @@ class TrainConfig:
     data: str  # data directory (peagle train data)
     out: str  # run directory: checkpoints/, final/, log.jsonl
     target: str = "default"  # "default" (embedded SmolLM2), an HF id or a path
+    target_dtype: str = "bfloat16"  # the dtype the target is served in (its features, lm_head, embeddings)
     layers: int | None = None  # decoder layers (default: 4 for P-EAGLE, 1 for EAGLE-3)
     intermediate_size: int | None = None  # MLP width (default: the target's)
     max_depth: int = 8  # P-EAGLE: trained draft depth K (max_draft_k of the head)
@@ -280,7 +281,7 @@ def train(cfg: TrainConfig, target=None) -> Path:
     device = accelerator.device
     out = Path(cfg.out)
     if target is None:
-        target = load_target_by_name(cfg.target, "bfloat16" if cfg.features == "online" and device.type != "cpu" else "float32")
+        target = load_target_by_name(cfg.target, cfg.target_dtype)
         target.to_device(device)
     used_ids = load_draft_vocab(cfg.data, cfg.draft_vocab_size)
     data = TrainSet(cfg.data, cfg.max_len, target, used_ids, cfg.features)

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Train the P-EAGLE and EAGLE-3 heads shipped for the embedded SmolLM2-135M-Instruct.
+#
+# Every step resumes: rerun the script after an interruption (kill, reboot, a session's end) and it
+# continues where it stopped: data at the first missing shard, features likewise, training from
+# the last checkpoint. Logs go to $RUNS/<step>/log.txt. See docs/training.md for sizes and times.
+#
+#   bash scripts/train_embedded.sh            # everything
+#   STAGES="data" bash scripts/train_embedded.sh   # one stage (data vocab features peagle eagle3 ship)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PY:-.venv/bin/python}
+RUNS=${RUNS:-runs}
+THREADS=${THREADS:-2}             # torch threads for features and training
+GEN_THREADS=${GEN_THREADS:-1}     # generation: 1 thread x batch 64 beat 2 threads on a busy 2-core machine
+NUM_PROMPTS=${NUM_PROMPTS:-4000}  # 60% ShareGPT first turns, 40% standard-library code prompts
+VOCAB=${VOCAB:-6144}              # draft vocabulary N (P-EAGLE: 4 layers x MLP 768 + N=6144 fits 30 MB in bf16)
+EPOCHS=${EPOCHS:-2}
+STAGES=${STAGES:-"data vocab features peagle eagle3 ship"}
+
+run() { echo "+ $*"; "$@"; }
+want() { [[ " $STAGES " == *" $1 "* ]]; }
+
+if want data; then
+  mkdir -p "$RUNS/data"
+  # Greedy answers (the evaluation decodes greedily), up to 256 new tokens, chat template, bf16.
+  run "$PY" -m peagle.train data --target default --out "$RUNS/data" --num-prompts "$NUM_PROMPTS" \
+      --code-fraction 0.4 --max-new-tokens 256 --temperature 0 --shard-size 128 --batch-size 64 \
+      --threads "$GEN_THREADS" 2>&1 | tee -a "$RUNS/data/log.txt"
+fi
+
+if want vocab && [ ! -f "$RUNS/data/draft_vocab_$VOCAB.json" ]; then
+  run "$PY" -m peagle.train vocab --data "$RUNS/data" --size "$VOCAB"
+fi
+
+if want features; then
+  run "$PY" -m peagle.train features --data "$RUNS/data" --threads "$THREADS" 2>&1 | tee -a "$RUNS/data/features_log.txt"
+fi
+
+COMMON=(--data "$RUNS/data" --draft-vocab-size "$VOCAB" --epochs "$EPOCHS" --batch-size 16 --max-len 1024
+        --micro-batch-tokens 4096 --lr 1e-3 --warmup-steps 50 --checkpoint-every 50 --log-every 10
+        --mixed-precision bf16 --threads "$THREADS")
+
+if want peagle; then
+  mkdir -p "$RUNS/peagle"
+  run "$PY" -m peagle.train peagle "${COMMON[@]}" --out "$RUNS/peagle" --layers 4 --intermediate-size 768 \
+      --max-depth 8 --cod-ratio 0.8 --cod-min-ratio 0.2 2>&1 | tee -a "$RUNS/peagle/log.txt"
+fi
+
+if want eagle3; then
+  mkdir -p "$RUNS/eagle3"
+  run "$PY" -m peagle.train eagle3 "${COMMON[@]}" --out "$RUNS/eagle3" --layers 1 --ttt-steps 7 \
+      2>&1 | tee -a "$RUNS/eagle3/log.txt"
+fi
+
+if want ship; then
+  # The repository form: bf16, P-EAGLE's embedding stored as the rows that differ from the target's.
+  run "$PY" -m peagle.cli export "$RUNS/peagle/final" --format compact --target default --dtype bfloat16 --out peagle/heads/peagle
+  run "$PY" -m peagle.cli export "$RUNS/eagle3/final" --format compact --target default --dtype bfloat16 --out peagle/heads/eagle3
+  # Engine-loadable copies (full embedding table) for vLLM checks.
+  run "$PY" -m peagle.cli export "$RUNS/peagle/final" --format vllm --target default --dtype bfloat16 --out "$RUNS/export/peagle"
+  run "$PY" -m peagle.cli export "$RUNS/eagle3/final" --format vllm --target default --dtype bfloat16 --out "$RUNS/export/eagle3"
+  du -sh peagle/heads/peagle peagle/heads/eagle3
+fi

@@ -10,7 +10,7 @@ import torch
 import peagle
 from peagle import bench
 from peagle.bench import report
-from peagle.bench.arms import ArmRunner, ArmSpec, count_emitted
+from peagle.bench.arms import ArmRunner, ArmSpec, count_emitted, first_divergence
 from peagle.bench.models import RANDOM_HEAD_WARNING, load_head, tiny_target
 from peagle.bench.sweep import SweepConfig, chunks
 
@@ -150,3 +150,13 @@ def test_random_heads_are_used_and_named_until_trained_ones_exist(monkeypatch):
     monkeypatch.setattr(peagle, "load_drafter", lambda name: trained, raising=False)
     head = load_head("eagle3", target)
     assert head.trained and head.drafter is trained and head.source == "trained: eagle3"
+
+
+def test_first_divergence_reports_where_and_how_close_the_tie_was():
+    target = tiny_target()
+    prompt = [10, 11, 12]
+    plain = peagle.generate(target, None, [prompt], max_new_tokens=6).sequences[0]
+    assert first_divergence(target, prompt, plain, list(plain)) is None
+    other = plain[:3] + [(plain[3] + 1) % 250 + 3] + plain[4:]
+    index, gap = first_divergence(target, prompt, plain, other)
+    assert index == 3 and gap > 0

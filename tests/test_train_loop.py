@@ -113,3 +113,18 @@ def test_two_processes_give_the_single_process_loss_curve(workdir):
     for k in w1:
         if w1[k].is_floating_point():
             torch.testing.assert_close(w1[k], w2[k], atol=1e-5, rtol=1e-4)
+
+
+def test_resume_refuses_changed_options_and_skips_finished_runs(workdir):
+    root, _ = workdir
+    out = root / "guard"
+    common = ["--max-steps", "3", "--max-depth", "3", "--checkpoint-every", "2"]
+    assert train_main(_args(root, "peagle", out, *common)) == 0
+    stamp = (out / "final" / "model.safetensors").stat().st_mtime_ns
+    assert train_main(_args(root, "peagle", out, *common, "--log-every", "5")) == 0  # allowed change: no retraining
+    assert (out / "final" / "model.safetensors").stat().st_mtime_ns == stamp
+    import shutil
+
+    shutil.rmtree(out / "final")
+    with pytest.raises(ValueError, match="lr"):
+        train_main(_args(root, "peagle", out, *common[:-2], "--lr", "1e-2"))

@@ -152,7 +152,8 @@ def build_head(cfg: TrainConfig, target, used_ids: torch.Tensor):
 
     layers = cfg.layers or (4 if cfg.kind == "peagle" else 1)
     overrides = {"intermediate_size": cfg.intermediate_size} if cfg.intermediate_size else {}
-    K = cfg.max_depth if cfg.kind == "peagle" else cfg.ttt_steps
+    # P-EAGLE drafts at most the depth it was trained for; EAGLE-3 unrolls as far as asked.
+    K = cfg.max_depth if cfg.kind == "peagle" else max(16, cfg.ttt_steps)
     dcfg = DrafterConfig.for_target(target, num_layers=layers, draft_vocab_size=int(used_ids.numel()),
                                     max_draft_k=K, **overrides)
     torch.manual_seed(cfg.seed)
@@ -236,6 +237,18 @@ def save_checkpoint(accelerator, out: Path, step: int, head, opt, sched, cfg: Tr
     accelerator.wait_for_everyone()
 
 
+#: options a resumed run may change; any other difference would change the result
+RESUMABLE_CHANGES = {"out", "data", "threads", "debug_step_sleep", "log_every", "checkpoint_every", "keep_checkpoints", "features"}
+
+
+def check_resume_config(path: Path, cfg: TrainConfig) -> None:
+    saved = json.loads((path / "trainer_state.json").read_text())["config"]
+    diff = {k: (saved.get(k), v) for k, v in asdict(cfg).items() if k not in RESUMABLE_CHANGES and saved.get(k) != v}
+    if diff:
+        raise ValueError(f"{path} was written with other options (saved, now): {diff}; resume with the same options "
+                         "or use another --out")
+
+
 def load_checkpoint(accelerator, path: Path, head, opt, sched) -> int:
     tensors = read_tensors(path / "head" / "model.safetensors")
     table = tensors.pop("embed_tokens.weight", None)
@@ -291,9 +304,15 @@ def train(cfg: TrainConfig, target=None) -> Path:
     head = build_head(cfg, target, used_ids).to(device)
     params = [p for _, p in trainable(head)]
     opt, sched = make_optimizer(cfg, head, total_steps)
+    final = out / "final"
+    if (final / "trainer_state.json").exists():
+        check_resume_config(final, cfg)
+        accelerator.print(f"{final} is complete: nothing to do")
+        return final
     start = 0
     ckpt = latest_checkpoint(out)
     if ckpt is not None:
+        check_resume_config(ckpt, cfg)
         start = load_checkpoint(accelerator, ckpt, head, opt, sched)
         accelerator.print(f"resumed from {ckpt} at step {start}")
     if accelerator.is_main_process:
@@ -358,9 +377,9 @@ def train(cfg: TrainConfig, target=None) -> Path:
             accelerator.print(json.dumps(rec))
         if done % cfg.checkpoint_every == 0 and done < total_steps:
             save_checkpoint(accelerator, out, done, head, opt, sched, cfg, cfg.keep_checkpoints)
-    final = out / "final"
     if accelerator.is_main_process:
         save_pretrained(head, final, target_name=cfg.target)
+        (final / "trainer_state.json").write_text(json.dumps({"step": total_steps, "config": asdict(cfg)}, indent=1))
     accelerator.wait_for_everyone()
     return final
 

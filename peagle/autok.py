@@ -11,7 +11,8 @@ Throughput of one cycle at batch size B with k drafts per row is B * E(k) / T(k,
 
 D and V are straight lines fitted to the per-k lower quartiles of recent cycles measured at the
 current batch size (or the nearest one measured; the first cycle at each batch size is a warm-up
-and not timed); a_j are decayed counts with a Beta prior, so the model
+and not timed); a_j are decayed counts with a prior (deeper positions shrink toward the
+position before them), so the model
 keeps refreshing as the text changes. k = 0 (a plain decoding cycle) is allowed: a drafter that
 is never right costs nothing. Every ``probe_every`` cycles one cycle drafts deeper than the
 current choice, so acceptance at deeper positions and the slope of the costs stay measured.
@@ -59,7 +60,8 @@ class DraftKPolicy:
         min_k: shallowest draft_k considered; 0 allows plain-decoding cycles.
         window: recent cycles kept per (batch size, k) for the cost estimates.
         decay: per-cycle decay of the acceptance counts (0.99 ~ the last few hundred cycles).
-        prior: Beta(prior_accept, prior_reject) pseudo-counts for every position's acceptance.
+        prior: Beta(prior_accept, prior_reject) pseudo-counts for position 1; deeper positions use
+            the same weight around the estimate of the position before them.
         probe_every: every this many cycles, draft deeper than the current choice once.
     """
 
@@ -86,27 +88,54 @@ class DraftKPolicy:
 
     # -- the model --------------------------------------------------------------------
     def acceptance(self) -> torch.Tensor:
-        """[max_k] conditional acceptance a_j (posterior mean)."""
+        """[max_k] conditional acceptance a_j (posterior mean).
+
+        Position 1 starts from the Beta(prior) mean; position j > 1 from a_{j-1} with the same
+        pseudo-count weight, so a depth that is rarely reached looks like the depth before it
+        rather than like a coin flip.
+        """
         a, r = self.prior
-        return (self.accepted + a) / (self.tested + a + r)
+        out = torch.empty_like(self.tested)
+        mean, weight = a / (a + r), a + r
+        for j in range(self.max_k):
+            out[j] = (self.accepted[j] + weight * mean) / (self.tested[j] + weight)
+            mean = float(out[j])
+        return out
 
     def expected_tokens(self) -> torch.Tensor:
         """[max_k + 1] E(k) for k = 0..max_k."""
         return torch.cat([torch.ones(1, dtype=torch.float64), 1 + self.acceptance().cumprod(0).cumsum(0)])
 
-    def _nearest(self, table: dict, batch_size: int):
-        if not table:
-            return None
-        return table[min(table, key=lambda b: (abs(b - batch_size), b))]
+    @staticmethod
+    def _nearest(table: dict, batch_size: int, min_points: int = 1):
+        """The entry for the measured batch size nearest to batch_size with >= min_points ks."""
+        sizes = [b for b, v in table.items() if len(v) >= min_points]
+        return table[min(sizes, key=lambda b: (abs(b - batch_size), b))] if sizes else None
+
+    def _line(self, table: dict, batch_size: int, shift: int) -> tuple[float, float]:
+        """a + b*n for the cost in ``table`` at this batch size (n = k + shift).
+
+        The level comes from the nearest measured batch size; when that size has seen a single
+        k, the slope comes from the nearest size that has seen two or more.
+        """
+        own = self._nearest(table, batch_size)
+        if own is None:
+            return 0.0, 0.0
+        a, b = _fit_line({k + shift: list(v) for k, v in own.items()})
+        if len(own) == 1:
+            wide = self._nearest(table, batch_size, min_points=2)
+            if wide is not None:
+                b = _fit_line({k + shift: list(v) for k, v in wide.items()})[1]
+                (k0, v0), = own.items()
+                a = _low_quartile(v0) - b * (k0 + shift)
+        return a, b
 
     def cycle_time(self, batch_size: int) -> torch.Tensor | None:
         """[max_k + 1] predicted seconds per cycle for k = 0..max_k, or None before any data."""
-        verify = self._nearest(self._verify, batch_size)
-        if verify is None:
+        if not self._verify:
             return None
-        va, vb = _fit_line({k + 1: list(v) for k, v in verify.items()})
-        draft = self._nearest(self._draft, batch_size) or {}
-        da, db = _fit_line({k: list(v) for k, v in draft.items() if k > 0})
+        va, vb = self._line(self._verify, batch_size, 1)
+        da, db = self._line({b: {k: v for k, v in t.items() if k > 0} for b, t in self._draft.items()}, batch_size, 0)
         other = self._nearest(self._other, batch_size)
         o = _low_quartile(other) if other else 0.0
         ks = torch.arange(self.max_k + 1, dtype=torch.float64)

@@ -18,7 +18,7 @@ DEFAULT_K = {"plain": 0, "eagle3": 3, "peagle": 7, "ngram": 7}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=96, help="tokens per prompt (default 96)")
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=64, help="tokens per prompt (default 64)")
     p.add_argument("--per-dataset", dest="per_dataset", type=int, default=2, help="prompts from HumanEval and from MT-Bench (default 2 each)")
     p.add_argument("--draft-k", dest="draft_k", help="one draft_k for every drafting arm, or auto (default: EAGLE-3 3, P-EAGLE 7, n-gram 7)")
     p.add_argument("--model", default="embedded", help="embedded (default) or tiny (a random model, for tests)")

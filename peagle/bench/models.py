@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -89,12 +90,24 @@ def random_head(kind: str, target: peagle.Target, seed: int = 0):
     raise ValueError(f"head kind must be 'peagle' or 'eagle3', got {kind!r}")
 
 
+def _drafter_loader():
+    """``peagle.load_drafter`` (or ``peagle.checkpoint.load_drafter`` before it is exported)."""
+    loader = getattr(peagle, "load_drafter", None)
+    if loader is None:
+        try:
+            from peagle.checkpoint import load_drafter as loader
+        except ImportError:
+            return None
+    return loader
+
+
 def load_head(kind: str, target: peagle.Target, path: str | None = None, allow_trained: bool = True) -> Head:
     """A trained head from ``peagle.load_drafter`` (``path`` or the shipped one), else a random one."""
-    loader = getattr(peagle, "load_drafter", None)
+    loader = _drafter_loader()
     if allow_trained and loader is not None:
         try:
-            drafter = loader(path or kind)
+            takes_target = "target" in inspect.signature(loader).parameters
+            drafter = loader(path or kind, target=target) if takes_target else loader(path or kind)
         except FileNotFoundError:
             if path is not None:
                 raise

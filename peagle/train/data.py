@@ -83,13 +83,16 @@ def prepare(out: str | Path, prompts: list[dict], settings: GenerationSettings) 
         if old != asdict(settings):
             diff = {k: (old.get(k), v) for k, v in asdict(settings).items() if old.get(k) != v}
             raise ValueError(f"{out} was started with other settings (old, new): {diff}; use another --out or the same options")
-        return
-    tmp = p_path.with_name(p_path.name + ".tmp")
-    with open(tmp, "w") as f:
-        for p in prompts:
-            f.write(json.dumps(p) + "\n")
-    os.replace(tmp, p_path)
-    _write_json(s_path, asdict(settings))
+    if not p_path.exists():  # each file is written once, atomically; a kill between the two is harmless
+        if not prompts:
+            raise ValueError(f"{out} has no prompts.jsonl yet: pass the prompts")
+        tmp = p_path.with_name(p_path.name + ".tmp")
+        with open(tmp, "w") as f:
+            for p in prompts:
+                f.write(json.dumps(p) + "\n")
+        os.replace(tmp, p_path)
+    if not s_path.exists():
+        _write_json(s_path, asdict(settings))
 
 
 def read_prompts(out: str | Path) -> list[dict]:

@@ -2,22 +2,24 @@
 
 Throughput of one cycle at batch size B with k drafts per row is B * E(k) / T(k, B), where
 
-    E(k)    = 1 + sum_{j=1..k} a_1 * ... * a_j      expected tokens emitted per row
+    E(k)    = sum(s) / sum(ceil(s / (k + 1)))          expected tokens emitted per row-cycle, from
+              the recent spans s (runs of tokens the drafter got right, plus the miss), or before
+              enough spans exist, 1 + sum_{j=1..k} a_1 * ... * a_j with
     a_j     = P(draft j accepted | drafts 1..j-1 accepted), counted as the run goes
     T(k, B) = [k > 0] * D(k, B) + V(k + 1, B) + O(B)  seconds per cycle
     D       = drafter cost (grows with k for EAGLE-3, nearly flat for P-EAGLE)
     V       = target cost of verifying k + 1 tokens
     O       = the rest of the cycle (bookkeeping, streaming)
 
-D and V are straight lines fitted to the per-k lower quartiles of recent cycles measured at the
-current batch size (or the nearest one measured; the first cycle at each batch size is a warm-up
-and not timed); a_j are decayed counts with a prior (deeper positions shrink toward the
-position before them), so the model
-keeps refreshing as the text changes. k = 0 (a plain decoding cycle) is allowed: a drafter that
-is never right costs nothing. Every ``probe_every`` cycles one cycle drafts deeper than the
-current choice, so acceptance at deeper positions and the slope of the costs stay measured.
+D and V are straight lines fitted to the per-k medians of recent cycles (one vote per k) at the
+current batch size, or the nearest one measured; the first cycle at each batch size is a warm-up
+and not timed. Spans pool the acceptance seen at every k (``expected_tokens`` says why a per-cycle
+model misjudges bursty drafters such as n-gram copying); a_j are decayed counts with a prior
+(deeper positions shrink toward the position before them). k = 0 (a plain decoding cycle) is
+allowed: a drafter that is never right costs nothing. Every ``probe_every`` cycles one cycle drafts
+a little deeper or shallower than the choice, so costs and acceptance around it stay measured.
 
-Worked example (P-EAGLE-like costs, ms): D(k) = 6 + 0.2k, V(n) = 50 + 0.5n, O = 2,
+Worked example of the per-position form (P-EAGLE-like costs, ms): D(k) = 6 + 0.2k, V(n) = 50 + 0.5n, O = 2,
 a = 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, ...:
     k=0: E=1.00, T=52.5 -> 19.0 tok/s per row       k=4: E=2.86, T=61.3 -> 46.7
     k=1: E=1.80, T=59.2 -> 30.4                     k=5: E=2.93, T=62.0 -> 47.3  <- chosen
@@ -28,18 +30,20 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict, deque
+from statistics import median
 import torch
 
 
-def _low_quartile(values) -> float:
-    """A shared machine only ever adds time: the lower quartile of recent samples is the steady cost."""
-    v = sorted(values)
-    return v[(len(v) - 1) // 4]
+def _typical(values) -> float:
+    """Median of recent samples. (Not a low quantile: a k chosen often would look cheaper than a
+    k probed once, and the policy would talk itself into the k it already uses.)"""
+    return median(values)
 
 
 def _fit_line(points: dict[int, list[float]]) -> tuple[float, float]:
-    """Least-squares a + b*x over per-x lower quartiles, weighted by sample count; b clamped to >= 0."""
-    xs = [(x, _low_quartile(v), len(v)) for x, v in points.items() if v]
+    """Least-squares a + b*x over per-x medians, one vote per x (the k in use must not drown out
+    the probes that measure the slope); b clamped to >= 0."""
+    xs = [(x, _typical(v), 1) for x, v in points.items() if v]
     if not xs:
         return 0.0, 0.0
     if len(xs) == 1:
@@ -62,11 +66,12 @@ class DraftKPolicy:
         decay: per-cycle decay of the acceptance counts (0.99 ~ the last few hundred cycles).
         prior: Beta(prior_accept, prior_reject) pseudo-counts for position 1; deeper positions use
             the same weight around the estimate of the position before them.
-        probe_every: every this many cycles, draft deeper than the current choice once.
+        probe_every: every this many cycles, draft a little deeper or shallower than the choice.
+        spans: recent completed spans kept for E(k) (see ``expected_tokens``).
     """
 
     def __init__(self, max_k: int = 16, min_k: int = 0, window: int = 32, decay: float = 0.99,
-                 prior: tuple[float, float] = (1.0, 1.0), probe_every: int = 16):
+                 prior: tuple[float, float] = (1.0, 1.0), probe_every: int = 8, spans: int = 512):
         if not 0 <= min_k <= max_k or max_k < 1:
             raise ValueError(f"need 0 <= min_k <= max_k and max_k >= 1, got min_k={min_k}, max_k={max_k}")
         if not 0.0 < decay <= 1.0:
@@ -81,6 +86,11 @@ class DraftKPolicy:
         self._draft: dict[int, dict[int, deque]] = defaultdict(lambda: defaultdict(lambda: deque(maxlen=window)))
         self._verify: dict[int, dict[int, deque]] = defaultdict(lambda: defaultdict(lambda: deque(maxlen=window)))
         self._other: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))
+        self._spans: deque = deque(maxlen=spans)  # tokens per completed span (see expected_tokens)
+        self._open: dict[int, int] = {}  # row -> tokens of its span so far
+        self.min_spans = 16
+        self.refit_every = 4
+        self._best: dict[int, int] = {}  # batch size -> last best_k
         self._cycles = 0
         self._seen_batch: set[int] = set()
         self._t_choose: float | None = None
@@ -103,8 +113,27 @@ class DraftKPolicy:
         return out
 
     def expected_tokens(self) -> torch.Tensor:
-        """[max_k + 1] E(k) for k = 0..max_k."""
-        return torch.cat([torch.ones(1, dtype=torch.float64), 1 + self.acceptance().cumprod(0).cumsum(0)])
+        """[max_k + 1] E(k) for k = 0..max_k.
+
+        From the recorded spans once there are ``min_spans`` of them, else from the per-position
+        model (``acceptance``). Spans: a row's consecutive cycles that accepted everything, up to
+        and including the cycle that missed, form one span of ``s`` tokens (the drafter was right
+        for s - 1 tokens in a row). At draft_k = k a span takes ceil(s / (k + 1)) cycles, so
+
+            E(k) = sum(s) / sum(ceil(s / (k + 1)))
+
+        Spans pool what every k taught: they predict k = 3 from cycles run at k = 11 (and the
+        reverse) within a few percent for n-gram copying, whose acceptance comes in bursts that a
+        per-cycle model misjudges (a deep k eats a copied span in fewer cycles, so cycles at
+        different k see different text). Per-position decay (a head less sure at depth) is
+        captured near the k in use, which the probes keep measured.
+        """
+        if len(self._spans) < self.min_spans:
+            return torch.cat([torch.ones(1, dtype=torch.float64), 1 + self.acceptance().cumprod(0).cumsum(0)])
+        spans = torch.tensor(list(self._spans), dtype=torch.float64)  # [S]
+        k = torch.arange(self.max_k + 1, dtype=torch.float64)
+        cycles = torch.ceil(spans[None, :] / (k[:, None] + 1)).sum(1)  # [max_k + 1]
+        return spans.sum() / cycles
 
     @staticmethod
     def _nearest(table: dict, batch_size: int, min_points: int = 1):
@@ -127,7 +156,7 @@ class DraftKPolicy:
             if wide is not None:
                 b = _fit_line({k + shift: list(v) for k, v in wide.items()})[1]
                 (k0, v0), = own.items()
-                a = _low_quartile(v0) - b * (k0 + shift)
+                a = _typical(v0) - b * (k0 + shift)
         return a, b
 
     def cycle_time(self, batch_size: int) -> torch.Tensor | None:
@@ -137,7 +166,7 @@ class DraftKPolicy:
         va, vb = self._line(self._verify, batch_size, 1)
         da, db = self._line({b: {k: v for k, v in t.items() if k > 0} for b, t in self._draft.items()}, batch_size, 0)
         other = self._nearest(self._other, batch_size)
-        o = _low_quartile(other) if other else 0.0
+        o = _typical(other) if other else 0.0
         ks = torch.arange(self.max_k + 1, dtype=torch.float64)
         return (ks > 0) * (da + db * ks) + va + vb * (ks + 1) + o
 
@@ -160,15 +189,19 @@ class DraftKPolicy:
         if self._cycles < len(seed):
             k = seed[self._cycles]
         else:
-            k = self.best_k(batch_size)
-            if self._cycles % self.probe_every == 0:
-                k = min(self.max_k, max(k, 1) + 1 + (self._cycles // self.probe_every) % 3)
+            if self._cycles % self.refit_every == 0 or batch_size not in self._best:
+                self._best[batch_size] = self.best_k(batch_size)  # the fit costs ~1 ms: not every cycle
+            k = self._best[batch_size]
+            if self._cycles % self.probe_every == 0:  # probe around the choice: +2, -2, +4, -4, ...
+                step = (2, -2, 4, -4)[(self._cycles // self.probe_every) % 4]
+                k = min(self.max_k, max(self.min_k, 1, max(k, 1) + step))
         self.history.append(k)
         return k
 
     def observe(self, draft_k: int, batch_size: int, draft_s: float, verify_s: float,
-                num_accepted: torch.Tensor) -> None:
-        """Record one cycle: the k used, its batch size, times, and num_accepted [B] per row."""
+                num_accepted: torch.Tensor, rows=None) -> None:
+        """Record one cycle: the k used, its batch size, times, num_accepted [B] per row and the
+        rows' identities (any hashable per row, stable across cycles; None: no span statistics)."""
         self._cycles += 1
         cycle_s = time.perf_counter() - self._t_choose if self._t_choose is not None else draft_s + verify_s
         self._t_choose = None
@@ -180,12 +213,24 @@ class DraftKPolicy:
         self._seen_batch.add(batch_size)
         self.tested.mul_(self.decay)
         self.accepted.mul_(self.decay)
+        n = num_accepted.detach().to("cpu", torch.long).clamp(0, draft_k)  # [B]
+        if rows is not None:
+            for row, accepted in zip(rows, n.tolist()):
+                if draft_k == 0:  # nothing drafted: the span (if any) is unknowable, drop it
+                    self._open.pop(row, None)
+                elif accepted == draft_k:  # all accepted: the span goes on into the next cycle
+                    self._open[row] = self._open.get(row, 0) + accepted + 1
+                else:
+                    self._spans.append(self._open.pop(row, 0) + accepted + 1)
         if draft_k > 0:
-            n = num_accepted.detach().to("cpu", torch.long).clamp(0, draft_k)  # [B]
             j = torch.arange(1, draft_k + 1)
             # Draft j was judged when drafts 1..j-1 were all accepted, i.e. n >= j - 1.
             self.tested[:draft_k] += (n[:, None] >= j - 1).sum(0).double()
             self.accepted[:draft_k] += (n[:, None] >= j).sum(0).double()
+
+    def start(self) -> None:
+        """A new generate() call: rows are new, open spans end unrecorded."""
+        self._open.clear()
 
     def summary(self) -> dict:
         """Mean chosen k and the current per-position acceptance (for reports)."""

@@ -125,6 +125,7 @@ def generate(
     policy = make_policy(draft_k, drafter) if drafter is not None and not isinstance(draft_k, int) else None
     if policy is not None:
         draft_k = policy.max_k
+        policy.start()
     _validate(target, drafter, draft_k, max_new_tokens, prompt_ids)
     if tree is not None and not hasattr(drafter, "draft_tree"):
         raise ValueError("tree needs a drafter that builds draft trees (draft_tree): PEagleDrafter or Eagle3Drafter")
@@ -228,7 +229,7 @@ def generate(
         # A cycle that drafted nothing (k = 0) leaves its pairs for the drafter's next call.
         pending = new_pairs if k > 0 or drafter is None else _append_pairs(pending, new_pairs)
         if policy is not None:
-            policy.observe(k, len(active), t_draft, t_verify, result.num_accepted)
+            policy.observe(k, len(active), t_draft, t_verify, result.num_accepted, rows=active)
 
     _sync(device)
     wall = time.perf_counter() - t_start

@@ -58,6 +58,7 @@ def test_quick_sweep_writes_tables_csv_plots_and_a_final_json_line(tmp_path, cap
         assert (tmp_path / name).stat().st_size > 1000
     assert json.loads((tmp_path / "rows.json").read_text())["rows"] == rows
     assert doc["meta"]["machine"]["cores"] >= 1 and doc["meta"]["dtype"] == "float32"
+    assert doc["meta"]["command"] == f"peagle bench --quick --out {tmp_path}"
 
 
 def test_prompts_file_and_arm_selection(tmp_path, capsys):

@@ -51,9 +51,9 @@ class ScriptedPolicy(DraftKPolicy):
         self.history.append(k)
         return k
 
-    def observe(self, draft_k, batch_size, draft_s, verify_s, num_accepted):
-        self.observed.append((draft_k, batch_size, draft_s, verify_s, num_accepted.tolist()))
-        super().observe(draft_k, batch_size, draft_s, verify_s, num_accepted)
+    def observe(self, draft_k, batch_size, draft_s, verify_s, num_accepted, rows=None):
+        self.observed.append((draft_k, batch_size, draft_s, verify_s, num_accepted.tolist(), list(rows)))
+        super().observe(draft_k, batch_size, draft_s, verify_s, num_accepted, rows)
 
 
 class OracleDrafter:
@@ -119,7 +119,7 @@ def test_cycles_without_drafts_hand_their_context_to_the_next_draft():
     assert [o[0] for o in policy.observed][:6] == [0, 0, 3, 0, 5, 1]
     drafted = [o for o in policy.observed if o[0] > 0]
     assert all(n == [o[0]] * len(n) for o in drafted for n in [o[4]])  # the oracle is always right
-    assert policy.observed[2][1] == 3  # batch size reported per cycle
+    assert policy.observed[2][1] == 3 and policy.observed[2][5] == [0, 1, 2]  # batch size and rows per cycle
     # a random head through the same schedule: drafter caches see every pair, output unchanged
     for kind in ("peagle", "eagle3"):
         out = peagle.generate(target, make_drafter(kind, target), PROMPTS, max_new_tokens=NEW,
@@ -186,3 +186,36 @@ def test_make_policy_and_errors():
     target, _ = setup()
     with pytest.raises(ValueError, match="max_draft_k"):
         peagle.generate(target, peagle.NgramDrafter(max_draft_k=4), PROMPTS, max_new_tokens=4, draft_k=DraftKPolicy(max_k=8))
+
+
+def test_spans_predict_other_draft_ks_for_a_bursty_drafter():
+    """A copier that is right for 11 tokens, then wrong once, then right again: spans of 12."""
+    policy = DraftKPolicy(max_k=16)
+    t = lambda k: 0.0  # noqa: E731 (costs do not matter here)
+    for _ in range(20):  # at k = 5 every span is 5 + bonus, 5 + bonus, then a miss: 13 tokens
+        for n in (5, 5, 0):
+            policy.choose(1)
+            policy.observe(5, 1, t(5), t(5), torch.tensor([n]), rows=[0])
+    E = policy.expected_tokens()
+    # spans of 13 tokens (12 right + the miss): k = 3 needs ceil(13/4) = 4 cycles, k = 12 one
+    assert E[3].item() == pytest.approx(13 / 4) and E[12].item() == pytest.approx(13.0)
+    assert E[0].item() == 1.0
+    # a per-cycle model fed the same cycles thinks k = 12 emits far less
+    assert policy.acceptance()[0] < 0.7
+
+
+def test_rows_leaving_and_new_calls_keep_spans_apart():
+    policy = DraftKPolicy(max_k=4)
+    policy.choose(2)
+    policy.observe(2, 2, 0.0, 0.0, torch.tensor([2, 1]), rows=[0, 1])  # row 0 open (3), row 1 span 2
+    policy.choose(1)
+    policy.observe(2, 1, 0.0, 0.0, torch.tensor([0]), rows=[0])  # row 0 closes: 3 + 1
+    assert list(policy._spans) == [2, 4]
+    policy.choose(1)
+    policy.observe(2, 1, 0.0, 0.0, torch.tensor([2]), rows=[0])  # open again ...
+    policy.start()  # ... but a new generate() call begins
+    policy.choose(1)
+    policy.observe(2, 1, 0.0, 0.0, torch.tensor([1]), rows=[0])
+    assert list(policy._spans) == [2, 4, 2]
+    policy.observe(0, 1, 0.0, 0.0, torch.tensor([0]), rows=[0])  # k = 0 tells nothing
+    assert list(policy._spans) == [2, 4, 2]

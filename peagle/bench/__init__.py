@@ -120,8 +120,7 @@ def _run(args: argparse.Namespace) -> int:
     runner = ArmRunner(target, drafters)
     prompts = {dataset_label(d): encode_prompts(target, load_prompts(d, args.num_prompts), chat=args.chat) for d in datasets}
 
-    meta = {"command": "peagle bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"]
-            else " ".join(shlex.quote(a) for a in sys.argv), "model": args.model, "dtype": str(dtype).replace("torch.", ""),
+    meta = {"command": _command_line(args), "model": args.model, "dtype": str(dtype).replace("torch.", ""),
             "chat": args.chat, "heads": heads, "machine": machine_info(), "config": {
                 "arms": list(arms), "draft_k": list(cfg.draft_ks), "batch_sizes": list(cfg.batch_sizes),
                 "temperatures": list(cfg.temperatures), "datasets": list(prompts), "num_prompts": args.num_prompts,
@@ -156,8 +155,18 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _command_line(args: argparse.Namespace) -> str:
+    """The command as typed, for the report (``main(argv)`` records argv; the CLI has sys.argv)."""
+    argv = getattr(args, "argv", None)
+    if argv is None:
+        argv = sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]
+    return "peagle bench " + " ".join(shlex.quote(a) for a in argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="peagle bench", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
+    return run(args)
 

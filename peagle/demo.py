@@ -22,7 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-dataset", dest="per_dataset", type=int, default=2, help="prompts from HumanEval and from MT-Bench (default 2 each)")
     p.add_argument("--draft-k", dest="draft_k", help="one draft_k for every drafting arm, or auto (default: EAGLE-3 3, P-EAGLE 7, n-gram 7)")
     p.add_argument("--model", default="embedded", help="embedded (default) or tiny (a random model, for tests)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    p.add_argument("--dtype", default=None, help="bfloat16 (default for the embedded model) or float32 (token-identical arms)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice; 1 on a busy machine)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
     print(f"loading the {args.model} target ...", file=sys.stderr)
-    dtype = torch.bfloat16 if args.model == "embedded" else torch.float32
+    dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if args.model == "embedded" else torch.float32
     target = load_bench_target(args.model, dtype)
     heads = {kind: load_head(kind, target, allow_trained=args.model == "embedded") for kind in ("eagle3", "peagle")}
     drafters = {kind: h.drafter for kind, h in heads.items()}
@@ -54,22 +55,20 @@ def run(args: argparse.Namespace) -> int:
     k_override = None if args.draft_k is None else ("auto" if args.draft_k == "auto" else int(args.draft_k))
     specs = [ArmSpec(arm, 0 if arm == "plain" else (k_override or k)) for arm, k in DEFAULT_K.items()]
 
-    results = {}
+    from peagle.autok import make_policy
+
+    policies = {s: make_policy("auto", drafters[s.arm]) for s in specs if s.draft_k == "auto"}
+    results = {spec: [] for spec in specs}
     with tqdm(total=len(specs) * (len(prompts) + 1), desc="demo", unit="run", file=sys.stderr) as bar:
-        for spec in specs:
-            policy = None
-            if spec.draft_k == "auto":
-                from peagle.autok import make_policy
-                policy = make_policy("auto", drafters[spec.arm])
-            kw = dict(temperature=0.0, seed=0, policy=policy)
-            runner(spec, prompts[:1], max_new_tokens=8, **kw)  # warm-up
+        for spec in specs:  # warm-up
+            runner(spec, prompts[:1], max_new_tokens=8, temperature=0.0, seed=0, policy=policies.get(spec))
             bar.update(1)
-            calls = []
-            for p in prompts:
+        for p in prompts:  # arms side by side on each prompt, so a busy machine's drift hits all alike
+            for spec in specs:
                 bar.set_postfix_str(spec.label)
-                calls.append(runner(spec, [p], max_new_tokens=args.max_new_tokens, **kw))
+                results[spec].append(runner(spec, [p], max_new_tokens=args.max_new_tokens, temperature=0.0,
+                                            seed=0, policy=policies.get(spec)))
                 bar.update(1)
-            results[spec] = calls
 
     plain = results[specs[0]]
     plain_otps = sum(c.new_tokens for c in plain) / sum(c.wall_s for c in plain)

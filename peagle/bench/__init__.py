@@ -130,8 +130,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"warning: {kind}: {source}", file=sys.stderr)
 
     rows, notes = [], []
-    n_groups = len(prompts) * len(cfg.temperatures)
-    with tqdm(total=count_runs(cfg, n_groups), desc="bench", unit="arm", file=sys.stderr) as bar:
+    with tqdm(total=count_runs(cfg, [len(p) for p in prompts.values()]), desc="bench", unit="call", file=sys.stderr) as bar:
         for name, ids in prompts.items():
             for temperature in cfg.temperatures:
                 for batch_size in cfg.batch_sizes:

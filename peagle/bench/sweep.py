@@ -1,8 +1,8 @@
 """The sweep: every arm on the same prompts, in the same loop, measured side by side.
 
 For each (dataset, temperature, batch size) group: warm up every arm once, then for each repeat
-run every arm over all prompts (chunks of ``batch_size``) before the next repeat starts, so slow
-drift of a shared machine hits every arm alike. A row reports medians over repeats; the speed-up
+run every arm on one batch of prompts (``batch_size`` of them) before moving to the next batch,
+so slow drift of a shared machine hits every arm alike. A row reports medians over repeats; the speed-up
 is the median of per-repeat ratios to plain decoding (``arm otps / plain otps`` of the same repeat).
 """
 from __future__ import annotations
@@ -109,14 +109,17 @@ def run_group(runner: ArmRunner, cfg: SweepConfig, prompts: list[list[int]], *, 
     per_rep: dict[ArmSpec, list[dict]] = {s: [] for s in specs}
     first_seqs: dict[ArmSpec, list[list[int]]] = {}
     for rep in range(cfg.repeats):
+        calls: dict[ArmSpec, list[CallResult]] = {s: [] for s in specs}
+        for i, b in enumerate(batches):  # every arm on this batch before the next batch
+            for spec in specs:
+                calls[spec].append(runner(spec, b, max_new_tokens=cfg.max_new_tokens, temperature=temperature,
+                                          seed=cfg.seed + i, policy=policies.get(spec)))
+                if progress is not None:
+                    progress.update(1)
         for spec in specs:
-            calls = [runner(spec, b, max_new_tokens=cfg.max_new_tokens, temperature=temperature,
-                            seed=cfg.seed + i, policy=policies.get(spec)) for i, b in enumerate(batches)]
-            per_rep[spec].append(_aggregate(calls))
+            per_rep[spec].append(_aggregate(calls[spec]))
             if rep == 0:
-                first_seqs[spec] = [s for c in calls for s in c.sequences]
-            if progress is not None:
-                progress.update(1)
+                first_seqs[spec] = [s for c in calls[spec] for s in c.sequences]
     plain = next((s for s in specs if s.arm == "plain"), None)
     ordered_prompts = [p for b in batches for p in b]
     rows = []
@@ -143,6 +146,7 @@ def run_group(runner: ArmRunner, cfg: SweepConfig, prompts: list[list[int]], *, 
     return rows, notes
 
 
-def count_runs(cfg: SweepConfig, n_groups_per_batch: int) -> int:
-    """Progress-bar total: arm runs over all groups (an upper bound when arms are skipped)."""
-    return len(cfg.specs()) * cfg.repeats * len(cfg.batch_sizes) * n_groups_per_batch
+def count_runs(cfg: SweepConfig, prompt_counts: list[int]) -> int:
+    """Progress-bar total: arm calls over all groups (an upper bound when arms are skipped)."""
+    per_temperature = sum(len(chunks(list(range(n)), b)) for n in prompt_counts for b in cfg.batch_sizes)
+    return len(cfg.specs()) * cfg.repeats * len(cfg.temperatures) * per_temperature

@@ -40,7 +40,7 @@ fi
 
 COMMON=(--data "$RUNS/data" --draft-vocab-size "$VOCAB" --epochs "$EPOCHS" --batch-size 16 --max-len 1024
         --micro-batch-tokens 4096 --lr 1e-3 --warmup-steps 50 --checkpoint-every 50 --log-every 10
-        --mixed-precision no --threads "$THREADS")   # fp32: bf16 autocast trained 0.6x as fast on these CPUs
+        --mixed-precision bf16 --threads "$THREADS")   # bf16 autocast, fp32 master weights
 
 if want peagle; then
   mkdir -p "$RUNS/peagle"

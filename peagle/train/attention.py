@@ -51,8 +51,20 @@ def _attend_chunk(q, q_anchor, q_depth, q_doc, ranges, *kv_and_meta):
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
-    return out.transpose(0, 1)
+    return _sdpa(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), mask).transpose(0, 1)
+
+
+def _sdpa(q, k, v, mask):
+    """[H, Q, D] x [H, K, D] with a [Q, K] bool mask. On CPU torch's flash kernel takes an additive
+    mask with gradients (~1.4x faster than the math path SDPA picks for a boolean mask)."""
+    flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if q.device.type == "cpu" and flash is not None and q.dtype == k.dtype == v.dtype:
+        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+        try:
+            return flash(q[None], k[None], v[None], attn_mask=bias[None, None])[0][0]
+        except (RuntimeError, TypeError):  # an older torch without mask support: the portable path
+            pass
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 def packed_attention(q: torch.Tensor, q_anchor: torch.Tensor, q_depth: torch.Tensor, q_doc: torch.Tensor,

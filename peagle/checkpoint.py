@@ -74,9 +74,20 @@ def config_to_dict(cfg: DrafterConfig, kind: str, dtype: torch.dtype, compact: b
     return d
 
 
+UNSUPPORTED_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "attention_bias")
+
+
 def config_from_dict(d: dict, target=None) -> tuple[DrafterConfig, str]:
     """DrafterConfig and drafter kind ("peagle" | "eagle3") from a config.json dict."""
     own = d.get("peagle", {}) or {}
+    # vLLM honours these flags; peagle's layers implement only their default (off), so a head
+    # that sets one would draft differently here than in the engine: refuse it.
+    unsupported = [k for k in UNSUPPORTED_FLAGS if d.get(k)]
+    if d.get("logit_scale") not in (None, 1, 1.0):
+        unsupported.append("logit_scale")
+    if unsupported:
+        raise CheckpointError(f"config.json sets {', '.join(unsupported)}: peagle implements only the default "
+                              "(false) of these EAGLE-3 variants")
     try:
         H = int(d["hidden_size"])
         heads = int(d["num_attention_heads"])
@@ -139,6 +150,11 @@ def canonical_name(name: str) -> str:
     return name
 
 
+def _unused_by_engines(name: str) -> bool:
+    """vLLM gives every layer a hidden_norm but only layer 0 reads it: such weights are dropped."""
+    return name.startswith("layers.") and name.endswith(".hidden_norm.weight") and not name.startswith("layers.0.")
+
+
 def validate_tensors(tensors: dict[str, torch.Tensor], cfg: DrafterConfig, kind: str,
                      require_embedding: bool = False) -> None:
     """Raise CheckpointError naming each missing, unexpected or misshapen tensor."""
@@ -194,6 +210,8 @@ def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     out = {}
     with f:
         for key in f.keys():
+            if _unused_by_engines(canonical_name(key)):
+                continue
             try:
                 out[canonical_name(key)] = f.get_tensor(key)
             except Exception as exc:

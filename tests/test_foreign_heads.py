@@ -6,8 +6,8 @@ as [3H] or [1, 1, 3H], the mask token under ``mask_token_id`` / ``pard_token`` /
 no ``t2d``), loaded with ``peagle.checkpoint.from_pretrained``, and must draft exactly as the
 reference does. vLLM's loader facts are in docs/serving.md section 2.
 
-The tests marked xfail(strict) pin the known gaps of docs/serving.md section 3: heads vLLM loads
-and drafts with differently from peagle. They flip to XPASS (and fail) once peagle matches vLLM.
+The last tests cover the gaps docs/serving.md section 3 found (now closed): variant flags peagle
+does not implement are refused, per-layer `hidden_norm` weights that vLLM ignores are ignored.
 """
 from __future__ import annotations
 
@@ -142,7 +142,6 @@ def test_mask_token_key_order_follows_vllm(tmp_path, target):
 
 
 # -- known gaps (docs/serving.md section 3) ------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="peagle ignores norm_before_residual; vLLM honours it (llama_eagle3.py l.101-122)")
 def test_norm_before_residual_is_refused_or_honoured(tmp_path, target):
     ref = reference_head(target, "peagle", num_layers=1)
     path = write_foreign(tmp_path / "head", ref, extra_config={"norm_before_residual": True})
@@ -150,7 +149,6 @@ def test_norm_before_residual_is_refused_or_honoured(tmp_path, target):
         from_pretrained(path, target=target)
 
 
-@pytest.mark.xfail(strict=True, reason="vLLM gives every layer a hidden_norm and loads layers.N.hidden_norm; peagle rejects it")
 def test_unused_hidden_norm_of_later_layers_loads(tmp_path, target):
     ref = reference_head(target, "peagle", num_layers=2)
     extra = {"layers.1.hidden_norm.weight": torch.ones(ref.config.hidden_size)}

@@ -318,7 +318,7 @@ def from_pretrained(path: str | Path, target=None, dtype: torch.dtype | None = N
         tensors["d2t"] = torch.zeros(cfg.vocab_size, dtype=torch.long)
     validate_tensors(tensors, cfg, kind)
     if target is not None:
-        _check_against_target(cfg, target)
+        cfg.check_target(target, error=CheckpointError)
     head = (PEagleDrafter if kind == "peagle" else Eagle3Drafter)(cfg)
     float_dtype = dtype or tensors["fc.weight"].dtype
     head.to(float_dtype)
@@ -345,15 +345,6 @@ def from_pretrained(path: str | Path, target=None, dtype: torch.dtype | None = N
     if device is not None:
         head.to(device)
     return head
-
-
-def _check_against_target(cfg: DrafterConfig, target) -> None:
-    if cfg.vocab_size != target.vocab_size:
-        raise CheckpointError(f"head vocab_size={cfg.vocab_size} does not match the target's {target.vocab_size}")
-    if cfg.target_hidden_size != target.hidden_size:
-        raise CheckpointError(f"head target_hidden_size={cfg.target_hidden_size} does not match the target's hidden size {target.hidden_size}")
-    if any(not 0 <= i < target.num_layers for i in cfg.aux_layer_ids):
-        raise CheckpointError(f"head eagle_aux_hidden_state_layer_ids={list(cfg.aux_layer_ids)} are not layers of the target ({target.num_layers} layers)")
 
 
 def load_drafter(name_or_path: str | Path, target=None, dtype: torch.dtype | None = None):

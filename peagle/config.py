@@ -81,5 +81,14 @@ class DrafterConfig:
         values.update(overrides)
         return cls(**values)
 
+    def check_target(self, target, error: type[ValueError] = ValueError) -> None:
+        """Raise ``error`` naming the field when this head cannot read the target's features."""
+        if self.vocab_size != target.vocab_size:
+            raise error(f"drafter vocab_size={self.vocab_size} does not match the target's vocab size {target.vocab_size}")
+        if self.target_hidden_size != target.hidden_size:
+            raise error(f"drafter target_hidden_size={self.target_hidden_size} does not match the target's hidden size {target.hidden_size}")
+        if any(not 0 <= i < target.num_layers for i in self.aux_layer_ids):
+            raise error(f"drafter aux_layer_ids={self.aux_layer_ids} must be layer indices in [0, {target.num_layers})")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -61,18 +61,9 @@ class DraftHead(nn.Module):
         return out
 
     # -- binding to a target ------------------------------------------------------------
-    def check_target(self, target) -> None:
-        c = self.config
-        if c.vocab_size != target.vocab_size:
-            raise ValueError(f"drafter vocab_size={c.vocab_size} does not match the target's vocab size {target.vocab_size}")
-        if c.target_hidden_size != target.hidden_size:
-            raise ValueError(f"drafter target_hidden_size={c.target_hidden_size} does not match the target's hidden size {target.hidden_size}")
-        if any(not 0 <= i < target.num_layers for i in c.aux_layer_ids):
-            raise ValueError(f"drafter aux_layer_ids={c.aux_layer_ids} must be layer indices in [0, {target.num_layers})")
-
     def bind(self, target) -> None:
         """Check shapes against the target, follow its device/dtype, hook the head's aux layers."""
-        self.check_target(target)
+        self.config.check_target(target)
         if tuple(target.aux_layer_ids) != self.config.aux_layer_ids:
             target.set_aux_layer_ids(self.config.aux_layer_ids)
         # Borrowed, not a submodule: the target's table must not enter state_dict(), .to() or parameters().

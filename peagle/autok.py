@@ -11,13 +11,14 @@ Throughput of one cycle at batch size B with k drafts per row is B * E(k) / T(k,
     V       = target cost of verifying k + 1 tokens
     O       = the rest of the cycle (bookkeeping, streaming)
 
-D and V are straight lines fitted to the per-k medians of recent cycles (one vote per k) at the
-current batch size, or the nearest one measured; the first cycle at each batch size is a warm-up
-and not timed. Spans pool the acceptance seen at every k (``expected_tokens`` says why a per-cycle
+D and V are straight lines fitted to the per-k medians of the last ``window`` cycles (one vote
+per k) at the current batch size, or the nearest one measured; the first cycle at each batch size
+is a warm-up and not timed. Spans pool the acceptance seen at every k (``expected_tokens`` says why a per-cycle
 model misjudges bursty drafters such as n-gram copying); a_j are decayed counts with a prior
 (deeper positions shrink toward the position before them). k = 0 (a plain decoding cycle) is
 allowed: a drafter that is never right costs nothing. Every ``probe_every`` cycles one cycle drafts
-a little deeper or shallower than the choice, so costs and acceptance around it stay measured.
+one or two tokens deeper or shallower than the choice, so the local slope of the costs and the
+acceptance around the choice stay measured (near the optimum such a probe costs next to nothing).
 
 Worked example of the per-position form (P-EAGLE-like costs, ms): D(k) = 6 + 0.2k, V(n) = 50 + 0.5n, O = 2,
 a = 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, ...:
@@ -62,7 +63,7 @@ class DraftKPolicy:
     Args:
         max_k: deepest draft_k considered (generate() caps it by the drafter's max_draft_k).
         min_k: shallowest draft_k considered; 0 allows plain-decoding cycles.
-        window: recent cycles kept per (batch size, k) for the cost estimates.
+        window: recent cycles kept per batch size for the cost estimates.
         decay: per-cycle decay of the acceptance counts (0.99 ~ the last few hundred cycles).
         prior: Beta(prior_accept, prior_reject) pseudo-counts for position 1; deeper positions use
             the same weight around the estimate of the position before them.
@@ -70,8 +71,8 @@ class DraftKPolicy:
         spans: recent completed spans kept for E(k) (see ``expected_tokens``).
     """
 
-    def __init__(self, max_k: int = 16, min_k: int = 0, window: int = 32, decay: float = 0.99,
-                 prior: tuple[float, float] = (1.0, 1.0), probe_every: int = 8, spans: int = 512):
+    def __init__(self, max_k: int = 16, min_k: int = 0, window: int = 48, decay: float = 0.99,
+                 prior: tuple[float, float] = (1.0, 1.0), probe_every: int = 4, spans: int = 512):
         if not 0 <= min_k <= max_k or max_k < 1:
             raise ValueError(f"need 0 <= min_k <= max_k and max_k >= 1, got min_k={min_k}, max_k={max_k}")
         if not 0.0 < decay <= 1.0:
@@ -83,9 +84,12 @@ class DraftKPolicy:
         self.tested = torch.zeros(max_k, dtype=torch.float64)  # [max_k] rows that reached draft j
         self.accepted = torch.zeros(max_k, dtype=torch.float64)  # [max_k] rows that accepted draft j
         # batch size -> k -> recent seconds
-        self._draft: dict[int, dict[int, deque]] = defaultdict(lambda: defaultdict(lambda: deque(maxlen=window)))
-        self._verify: dict[int, dict[int, deque]] = defaultdict(lambda: defaultdict(lambda: deque(maxlen=window)))
+        # batch size -> the last `window` cycles as (k, seconds): recent only, because a cycle's cost
+        # also grows with the context, so old samples at one k must not be set against new ones
+        self._draft: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))
+        self._verify: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))
         self._other: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))
+        self._slopes: dict[tuple[str, int], float] = {}  # (table, batch size) -> last slope measured
         self._spans: deque = deque(maxlen=spans)  # tokens per completed span (see expected_tokens)
         self._open: dict[int, int] = {}  # row -> tokens of its span so far
         self.min_spans = 16
@@ -136,37 +140,43 @@ class DraftKPolicy:
         return spans.sum() / cycles
 
     @staticmethod
-    def _nearest(table: dict, batch_size: int, min_points: int = 1):
-        """The entry for the measured batch size nearest to batch_size with >= min_points ks."""
-        sizes = [b for b, v in table.items() if len(v) >= min_points]
-        return table[min(sizes, key=lambda b: (abs(b - batch_size), b))] if sizes else None
+    def _nearest(table: dict, batch_size: int):
+        """The measured batch size nearest to batch_size (ties: the smaller), or None."""
+        sizes = [b for b, v in table.items() if v]
+        return min(sizes, key=lambda b: (abs(b - batch_size), b)) if sizes else None
 
-    def _line(self, table: dict, batch_size: int, shift: int) -> tuple[float, float]:
-        """a + b*n for the cost in ``table`` at this batch size (n = k + shift).
+    def _line(self, name: str, table: dict, batch_size: int, shift: int) -> tuple[float, float]:
+        """a + b*n for the cost in ``table`` near this batch size (n = k + shift).
 
-        The level comes from the nearest measured batch size; when that size has seen a single
-        k, the slope comes from the nearest size that has seen two or more.
+        Level and slope come from the recent cycles of the nearest measured batch size. When they
+        all used one k, the slope is the last one measured there (or at the nearest batch size
+        whose recent cycles spread over several k), and the level is fitted through that k.
         """
-        own = self._nearest(table, batch_size)
-        if own is None:
+        size = self._nearest(table, batch_size)
+        if size is None:
             return 0.0, 0.0
-        a, b = _fit_line({k + shift: list(v) for k, v in own.items()})
-        if len(own) == 1:
-            wide = self._nearest(table, batch_size, min_points=2)
-            if wide is not None:
-                b = _fit_line({k + shift: list(v) for k, v in wide.items()})[1]
-                (k0, v0), = own.items()
-                a = _typical(v0) - b * (k0 + shift)
-        return a, b
+        by_k: dict[int, list[float]] = defaultdict(list)
+        for k, seconds in table[size]:
+            by_k[k + shift].append(seconds)
+        if len(by_k) >= 2:
+            a, b = _fit_line(by_k)
+            self._slopes[(name, size)] = b
+            return a, b
+        b = self._slopes.get((name, size))
+        if b is None:
+            known = [bs for (n, bs) in self._slopes if n == name]
+            b = self._slopes[(name, min(known, key=lambda x: (abs(x - size), x)))] if known else 0.0
+        (x0, v0), = by_k.items()
+        return _typical(v0) - b * x0, b
 
     def cycle_time(self, batch_size: int) -> torch.Tensor | None:
         """[max_k + 1] predicted seconds per cycle for k = 0..max_k, or None before any data."""
         if not self._verify:
             return None
-        va, vb = self._line(self._verify, batch_size, 1)
-        da, db = self._line({b: {k: v for k, v in t.items() if k > 0} for b, t in self._draft.items()}, batch_size, 0)
+        va, vb = self._line("verify", self._verify, batch_size, 1)
+        da, db = self._line("draft", self._draft, batch_size, 0)
         other = self._nearest(self._other, batch_size)
-        o = _typical(other) if other else 0.0
+        o = _typical(self._other[other]) if other is not None else 0.0
         ks = torch.arange(self.max_k + 1, dtype=torch.float64)
         return (ks > 0) * (da + db * ks) + va + vb * (ks + 1) + o
 
@@ -183,17 +193,17 @@ class DraftKPolicy:
     def choose(self, batch_size: int) -> int:
         """draft_k for the next cycle at this batch size."""
         self._t_choose = time.perf_counter()
-        # Seed: a warm-up cycle, then a deep, a shallow and a middle k before trusting the fit.
-        mid = max(self.min_k, (self.max_k + 1) // 2)
-        seed = [mid, self.max_k, max(self.min_k, 1), mid]
+        # Seed: a warm-up cycle (not timed), then a middle and a shallow k before trusting the fit.
+        # Modest on purpose: at batch 8 one cycle at k = 16 costs as much as three at k = 3.
+        seed = [min(self.max_k, 4), min(self.max_k, 8), max(self.min_k, 1)]
         if self._cycles < len(seed):
             k = seed[self._cycles]
         else:
             if self._cycles % self.refit_every == 0 or batch_size not in self._best:
                 self._best[batch_size] = self.best_k(batch_size)  # the fit costs ~1 ms: not every cycle
             k = self._best[batch_size]
-            if self._cycles % self.probe_every == 0:  # probe around the choice: +2, -2, +4, -4, ...
-                step = (2, -2, 4, -4)[(self._cycles // self.probe_every) % 4]
+            if self._cycles % self.probe_every == 0:  # probe around the choice: +1, -1, +2, -2, ...
+                step = (1, -1, 2, -2)[(self._cycles // self.probe_every) % 4]
                 k = min(self.max_k, max(self.min_k, 1, max(k, 1) + step))
         self.history.append(k)
         return k
@@ -206,9 +216,9 @@ class DraftKPolicy:
         cycle_s = time.perf_counter() - self._t_choose if self._t_choose is not None else draft_s + verify_s
         self._t_choose = None
         if batch_size in self._seen_batch:
-            self._verify[batch_size][draft_k].append(verify_s)
+            self._verify[batch_size].append((draft_k, verify_s))
             if draft_k > 0:
-                self._draft[batch_size][draft_k].append(draft_s)
+                self._draft[batch_size].append((draft_k, draft_s))
             self._other[batch_size].append(max(cycle_s - draft_s - verify_s, 0.0))
         self._seen_batch.add(batch_size)
         self.tested.mul_(self.decay)

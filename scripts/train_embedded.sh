@@ -12,11 +12,15 @@ cd "$(dirname "$0")/.."
 
 PY=${PY:-.venv/bin/python}
 RUNS=${RUNS:-runs}
-THREADS=${THREADS:-2}             # torch threads for features and training
+THREADS=${THREADS:-2}             # torch threads for features and training (1 each when both heads train at once)
 GEN_THREADS=${GEN_THREADS:-1}     # generation: 1 thread x batch 64 beat 2 threads on a busy 2-core machine
+GEN_WORKERS=${GEN_WORKERS:-2}     # generation processes (one per core)
+MAX_SHARDS=${MAX_SHARDS:-1000}    # new shards per worker in this call (stop early, resume later)
 NUM_PROMPTS=${NUM_PROMPTS:-4000}  # 60% ShareGPT first turns, 40% standard-library code prompts
 VOCAB=${VOCAB:-6144}              # draft vocabulary N (P-EAGLE: 4 layers x MLP 768 + N=6144 fits 30 MB in bf16)
 EPOCHS=${EPOCHS:-2}
+BATCH=${BATCH:-8}                  # sequences per optimizer step (760 prompts -> 95 steps an epoch)
+WARMUP=${WARMUP:-20}
 STAGES=${STAGES:-"data vocab features peagle eagle3 ship"}
 
 run() { echo "+ $*"; "$@"; }
@@ -25,9 +29,14 @@ want() { [[ " $STAGES " == *" $1 "* ]]; }
 if want data; then
   mkdir -p "$RUNS/data"
   # Greedy answers (the evaluation decodes greedily), up to 256 new tokens, chat template, bf16.
-  run "$PY" -m peagle.train data --target default --out "$RUNS/data" --num-prompts "$NUM_PROMPTS" \
-      --code-fraction 0.4 --max-new-tokens 256 --temperature 0 --shard-size 128 --batch-size 64 \
-      --threads "$GEN_THREADS" 2>&1 | tee -a "$RUNS/data/log.txt"
+  # GEN_WORKERS processes share the directory, each doing every GEN_WORKERS-th shard.
+  for ((w = 0; w < GEN_WORKERS; w++)); do
+    run "$PY" -m peagle.train data --target default --out "$RUNS/data" --num-prompts "$NUM_PROMPTS" \
+        --code-fraction 0.4 --max-new-tokens 256 --temperature 0 --shard-size 128 --batch-size 64 \
+        --threads "$GEN_THREADS" --worker "$w/$GEN_WORKERS" --max-shards "$MAX_SHARDS" >> "$RUNS/data/log_$w.txt" 2>&1 &
+  done
+  wait
+  tail -n 3 "$RUNS"/data/log_*.txt
 fi
 
 if want vocab && [ ! -f "$RUNS/data/draft_vocab_$VOCAB.json" ]; then
@@ -38,8 +47,8 @@ if want features; then
   run "$PY" -m peagle.train features --data "$RUNS/data" --threads "$THREADS" 2>&1 | tee -a "$RUNS/data/features_log.txt"
 fi
 
-COMMON=(--data "$RUNS/data" --draft-vocab-size "$VOCAB" --epochs "$EPOCHS" --batch-size 16 --max-len 1024
-        --micro-batch-tokens 4096 --lr 1e-3 --warmup-steps 50 --checkpoint-every 50 --log-every 10
+COMMON=(--data "$RUNS/data" --draft-vocab-size "$VOCAB" --epochs "$EPOCHS" --batch-size "$BATCH" --max-len 1024
+        --micro-batch-tokens 4096 --lr 1e-3 --warmup-steps "$WARMUP" --checkpoint-every 20 --log-every 10
         --mixed-precision bf16 --threads "$THREADS")   # bf16 autocast, fp32 master weights
 
 if want peagle; then

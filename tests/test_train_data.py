@@ -97,3 +97,19 @@ def test_draft_vocabulary_is_top_n_by_answer_frequency(tmp_path, target):
     emitted = next(t for t in load_data(tmp_path / "d")["input_ids"][0][6:])
     with pytest.raises(ValueError, match="emits"):
         build_draft_vocab(tmp_path / "d", 32, 256, mask_token_id=emitted)
+
+
+def test_workers_split_the_shards_between_processes(target, tmp_path):
+    out = tmp_path / "data"
+    make_tiny_data(target, out, num_prompts=8, prompt_len=5, new_tokens=4, shard_size=2)
+    whole = load_data(out)["input_ids"]
+    prompts = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines()]
+    settings = GenerationSettings(**json.loads((out / "settings.json").read_text()))
+    split = tmp_path / "split"
+    regenerate(target, prompts, split, settings, show_progress=False, worker=(1, 2))
+    assert [m["shard"] for m in shard_metadata(split)] == [1, 3]
+    regenerate(target, prompts, split, settings, show_progress=False, worker=(0, 2))
+    assert [m["shard"] for m in shard_metadata(split)] == [0, 1, 2, 3]
+    assert load_data(split)["input_ids"] == whole  # the same data as one process makes
+    with pytest.raises(ValueError, match="worker"):
+        regenerate(target, prompts, split, settings, show_progress=False, worker=(2, 2))

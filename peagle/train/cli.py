@@ -33,6 +33,7 @@ def _add_data(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--max-shards", type=int, default=None, help="stop after this many new shards")
+    p.add_argument("--worker", default="0/1", help="I/N: do only shards with index %% N == I (N processes share --out)")
 
 
 def _run_data(args) -> int:
@@ -56,7 +57,11 @@ def _run_data(args) -> int:
         prompts = []
     prepare(out, prompts, settings)
     target = load_target_by_name(args.target, args.dtype)
-    metas = regenerate(target, prompts, out, settings, max_shards=args.max_shards)
+    try:
+        index, count = (int(x) for x in args.worker.split("/"))
+    except ValueError:
+        raise SystemExit(f"--worker must look like I/N (e.g. 0/2), got {args.worker!r}")
+    metas = regenerate(target, prompts, out, settings, max_shards=args.max_shards, worker=(index, count))
     total = sum(m["response_tokens"] for m in metas)
     print(json.dumps({"shards": len(metas), "rows": sum(m["rows"] for m in metas), "answer_tokens": total}))
     return 0

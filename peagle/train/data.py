@@ -181,18 +181,24 @@ def save_shard(out: str | Path, index: int, rows: dict, meta: dict) -> Path:
 
 
 def regenerate(target: Target, prompts: list[dict], out: str | Path, settings: GenerationSettings,
-               max_shards: int | None = None, show_progress: bool = True) -> list[dict]:
+               max_shards: int | None = None, show_progress: bool = True,
+               worker: tuple[int, int] = (0, 1)) -> list[dict]:
     """Regenerate answers for ``prompts`` into ``out`` (resumes after interruption).
 
     Returns the metadata of every complete shard. ``max_shards`` stops after that many new shards.
+    ``worker=(i, n)`` does only the shards whose index is i modulo n, so n processes (one thread
+    each) can share a data directory: every shard is published by its own atomic rename.
     """
+    index, count_ = worker
+    if not 0 <= index < count_:
+        raise ValueError(f"worker must be (i, n) with 0 <= i < n, got {worker}")
     from tqdm.auto import tqdm
 
     out = Path(out)
     prepare(out, prompts, settings)
     prompts = read_prompts(out)
     n_shards = (len(prompts) + settings.shard_size - 1) // settings.shard_size
-    todo = [i for i in range(n_shards) if not (shard_dir(out, i) / "peagle_meta.json").exists()]
+    todo = [i for i in range(n_shards) if not (shard_dir(out, i) / "peagle_meta.json").exists() and i % count_ == index]
     done = n_shards - len(todo)
     bar = tqdm(total=len(prompts), initial=min(done * settings.shard_size, len(prompts)), unit="prompt",
                desc="regenerate", disable=not show_progress, mininterval=10)

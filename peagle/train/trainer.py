@@ -58,6 +58,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     train_embedding: str = "mask"  # P-EAGLE: "mask" (only the mask row), "all", "none"
+    init_lm_head: str = "target"  # "target": lm_head starts as the target's output rows (norm folded in); "random"
     features: str = "cache"  # "cache" (DATA/features) or "online" (target forward per step)
     mixed_precision: str = "no"  # "no" | "bf16" (autocast where the device supports it)
     checkpoint_every: int = 200
@@ -73,6 +74,8 @@ class TrainConfig:
             raise ValueError(f"kind must be 'peagle' or 'eagle3', got {self.kind!r}")
         if self.train_embedding not in ("mask", "all", "none"):
             raise ValueError(f"train_embedding must be mask, all or none, got {self.train_embedding!r}")
+        if self.init_lm_head not in ("target", "random"):
+            raise ValueError(f"init_lm_head must be 'target' or 'random', got {self.init_lm_head!r}")
         if self.features not in ("cache", "online"):
             raise ValueError(f"features must be 'cache' or 'online', got {self.features!r}")
         if self.mixed_precision not in ("no", "bf16"):
@@ -160,7 +163,30 @@ def build_head(cfg: TrainConfig, target, used_ids: torch.Tensor):
     head = (PEagleDrafter if cfg.kind == "peagle" else Eagle3Drafter)(dcfg).float()
     head.set_draft_vocab(used_ids)
     attach_embedding(head, target, cfg.train_embedding)
+    if cfg.init_lm_head == "target":
+        init_lm_head_from_target(head, target, used_ids)
     return head
+
+
+def init_lm_head_from_target(head, target, used_ids: torch.Tensor) -> None:
+    """Start the head's output layer as the target's: its lm_head rows for the draft vocabulary.
+
+    The target computes ``W · norm_t(x)``; the head computes ``W' · norm(x)`` with a fresh norm
+    (weight 1). Folding the target's effective norm gain into the rows (``W' = W · diag(g)``) makes
+    the head's output layer the target's exactly, so training starts by learning to reproduce the
+    target's last hidden state instead of also learning a 49k-way readout from scratch (on a CPU
+    budget of a few hundred steps this is most of the difference). The gain is read by feeding the
+    target's final norm a vector of ones, which is right for every RMS-style norm (Gemma's 1 + w too).
+    """
+    weight = target.model.get_output_embeddings().weight.detach().float()[used_ids.long()]
+    norm = getattr(getattr(target.model, "base_model", None), "norm", None)
+    if norm is not None:
+        with torch.no_grad():
+            ones = torch.ones(1, weight.shape[1], dtype=next(norm.parameters()).dtype)
+            gain = norm(ones).float().reshape(-1)
+        weight = weight * gain
+    with torch.no_grad():
+        head.lm_head.weight.copy_(weight)
 
 
 def attach_embedding(head, target, mode: str) -> None:

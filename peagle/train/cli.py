@@ -126,7 +126,7 @@ def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
         p.add_argument("--ttt-steps", type=int, default=d.ttt_steps, help="training-time test steps")
     p.add_argument("--draft-vocab-size", type=int, default=d.draft_vocab_size)
     p.add_argument("--init-lm-head", default=d.init_lm_head, choices=["target", "random"],
-                   help="start lm_head as the target's output rows, norm gain folded in (default), or random")
+                   help="random (default) or target: start lm_head as the target's output rows, norm gain folded in")
     p.add_argument("--max-len", type=int, default=d.max_len)
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per global batch")
     p.add_argument("--micro-batch-tokens", type=int, default=d.micro_batch_tokens)

@@ -21,7 +21,7 @@ import os
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -58,7 +58,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     train_embedding: str = "mask"  # P-EAGLE: "mask" (only the mask row), "all", "none"
-    init_lm_head: str = "target"  # "target": lm_head starts as the target's output rows (norm folded in); "random"
+    init_lm_head: str = "random"  # "random" (default: measured better on the embedded run) or "target" (its rows, norm folded in)
     features: str = "cache"  # "cache" (DATA/features) or "online" (target forward per step)
     mixed_precision: str = "no"  # "no" | "bf16" (autocast where the device supports it)
     checkpoint_every: int = 200
@@ -269,7 +269,10 @@ RESUMABLE_CHANGES = {"out", "data", "threads", "debug_step_sleep", "log_every", 
 
 def check_resume_config(path: Path, cfg: TrainConfig) -> None:
     saved = json.loads((path / "trainer_state.json").read_text())["config"]
-    diff = {k: (saved.get(k), v) for k, v in asdict(cfg).items() if k not in RESUMABLE_CHANGES and saved.get(k) != v}
+    # An option added after the checkpoint was written ran at its default then.
+    defaults = {f.name: f.default for f in fields(TrainConfig)}
+    diff = {k: (saved.get(k, defaults[k]), v) for k, v in asdict(cfg).items()
+            if k not in RESUMABLE_CHANGES and saved.get(k, defaults[k]) != v}
     if diff:
         raise ValueError(f"{path} was written with other options (saved, now): {diff}; resume with the same options "
                          "or use another --out")

@@ -27,3 +27,28 @@ def test_lm_head_starts_as_the_targets(kind, tmp_path):
                                   draft_vocab_size=5, init_lm_head="random"), target, used)
     with torch.no_grad():
         assert (rand.logits(x) - want).abs().max() > 0.1
+
+
+def test_init_from_copies_a_saved_head_and_refuses_another_shape(tmp_path):
+    from peagle.checkpoint import save_pretrained
+    from peagle.train.trainer import load_weights_from
+
+    torch.set_num_threads(1)
+    target = tiny_target(hidden=64, layers=4, vocab=256)
+    used = torch.arange(0, 256, 2)
+    cfg = TrainConfig(kind="peagle", data=str(tmp_path), out=str(tmp_path), layers=2, draft_vocab_size=128, seed=1)
+    trained = build_head(cfg, target, used)
+    with torch.no_grad():
+        trained.mask_hidden.add_(1.0)
+        trained.embed_tokens.weight[trained.config.mask_token_id] += 1.0
+    save_pretrained(trained, tmp_path / "saved")
+    fresh = build_head(TrainConfig(kind="peagle", data=str(tmp_path), out=str(tmp_path), layers=2,
+                                   draft_vocab_size=128, seed=2), target, used)
+    load_weights_from(fresh, tmp_path / "saved", target)
+    for name, tensor in trained.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name
+    assert torch.equal(fresh.embed_tokens.weight, trained.embed_tokens.weight)
+    other = build_head(TrainConfig(kind="peagle", data=str(tmp_path), out=str(tmp_path), layers=1,
+                                   draft_vocab_size=128), target, used)
+    with pytest.raises(ValueError, match="does not match"):
+        load_weights_from(other, tmp_path / "saved", target)

@@ -125,6 +125,7 @@ def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
     else:
         p.add_argument("--ttt-steps", type=int, default=d.ttt_steps, help="training-time test steps")
     p.add_argument("--draft-vocab-size", type=int, default=d.draft_vocab_size)
+    p.add_argument("--init-from", default=None, help="start from this saved head's weights (fresh optimizer and schedule)")
     p.add_argument("--init-lm-head", default=d.init_lm_head, choices=["target", "random"],
                    help="random (default) or target: start lm_head as the target's output rows, norm gain folded in")
     p.add_argument("--max-len", type=int, default=d.max_len)

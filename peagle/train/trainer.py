@@ -58,6 +58,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     train_embedding: str = "mask"  # P-EAGLE: "mask" (only the mask row), "all", "none"
+    init_from: str | None = None  # a saved head to start from (continued training with a fresh schedule)
     init_lm_head: str = "random"  # "random" (default: measured better on the embedded run) or "target" (its rows, norm folded in)
     features: str = "cache"  # "cache" (DATA/features) or "online" (target forward per step)
     mixed_precision: str = "no"  # "no" | "bf16" (autocast where the device supports it)
@@ -194,6 +195,24 @@ def init_lm_head_from_target(head, target, used_ids: torch.Tensor) -> None:
         probe = torch.nn.functional.rms_norm(torch.randn(256, weight.shape[1]), (weight.shape[1],))
         scale = 0.58 / float((probe @ weight.T).std())
         head.norm.weight.fill_(min(1.0, scale))
+
+
+def load_weights_from(head, path: str | Path, target) -> None:
+    """Copy every weight of the saved head at ``path`` into ``head`` (same kind and shapes)."""
+    from ..checkpoint import from_pretrained
+
+    src = from_pretrained(path, target=target).float()
+    if type(src) is not type(head):
+        raise ValueError(f"init_from: {path} holds a {type(src).__name__}, this run trains a {type(head).__name__}")
+    mine, theirs = head.state_dict(), src.state_dict()
+    if src.embed_tokens is not None:
+        theirs["embed_tokens.weight"] = src.embed_tokens.weight
+    bad = [n for n in mine if n not in theirs or theirs[n].shape != mine[n].shape] + [n for n in theirs if n not in mine]
+    if bad:
+        raise ValueError(f"init_from: {path} does not match this run's head (layers, widths, vocabulary): {bad[:5]}")
+    with torch.no_grad():
+        for name, tensor in mine.items():
+            tensor.copy_(theirs[name].to(tensor.dtype))
 
 
 def attach_embedding(head, target, mode: str) -> None:
@@ -337,7 +356,10 @@ def train(cfg: TrainConfig, target=None) -> Path:
     lengths = [len(r[2]) for r in data.rows]
     steps_per_epoch = math.ceil(len(data) / cfg.batch_size)
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    head = build_head(cfg, target, used_ids).to(device)
+    head = build_head(cfg, target, used_ids)
+    if cfg.init_from:
+        load_weights_from(head, cfg.init_from, target)
+    head = head.to(device)
     params = [p for _, p in trainable(head)]
     opt, sched = make_optimizer(cfg, head, total_steps)
     final = out / "final"

@@ -35,7 +35,7 @@ def test_quick_sweep_writes_tables_csv_plots_and_a_final_json_line(tmp_path, cap
     rows = doc["rows"]
     assert rows and all(REQUIRED <= set(r) for r in rows)
     arms = {r["arm"] for r in rows}
-    assert arms == {"plain", "eagle3", "peagle", "ngram", "hf_generate", "hf_prompt_lookup"}
+    assert arms == {"plain", "eagle3", "peagle", "ngram", "hf_generate", "hf_prompt_lookup", "peagle_tree", "eagle3_tree"}
     assert {r["batch_size"] for r in rows} == {1, 2} and {r["temperature"] for r in rows} == {0.0, 0.7}
     assert {r["draft_k"] for r in rows if r["arm"] == "peagle"} == {3, "auto"}
     # lossless: every greedy arm reproduces plain decoding (HF generate too, on this fp32 model)

@@ -112,7 +112,7 @@ def _run(args: argparse.Namespace) -> int:
     target = load_bench_target(args.model, dtype)
     drafters, heads = {}, {}
     for kind, path in (("peagle", args.peagle_head), ("eagle3", args.eagle3_head)):
-        if kind in arms:
+        if kind in arms or f"{kind}_tree" in arms:
             head = load_head(kind, target, path, allow_trained=args.model == "embedded" or path is not None)
             drafters[kind], heads[kind] = head.drafter, head.source
     if "ngram" in arms:

@@ -17,11 +17,15 @@ import torch
 import peagle
 from peagle.autok import DraftKPolicy
 
-ARMS = ("plain", "eagle3", "peagle", "ngram", "hf_generate", "hf_prompt_lookup")
+ARMS = ("plain", "eagle3", "peagle", "ngram", "hf_generate", "hf_prompt_lookup", "peagle_tree", "eagle3_tree")
 LABELS = {"plain": "plain", "eagle3": "EAGLE-3", "peagle": "P-EAGLE", "ngram": "n-gram",
-          "hf_generate": "HF generate", "hf_prompt_lookup": "HF prompt lookup"}
-DRAFTING = ("eagle3", "peagle", "ngram", "hf_prompt_lookup")  # arms that take a draft_k
-PEAGLE_ARMS = ("plain", "eagle3", "peagle", "ngram")  # arms that run peagle.generate
+          "hf_generate": "HF generate", "hf_prompt_lookup": "HF prompt lookup",
+          "peagle_tree": "P-EAGLE tree", "eagle3_tree": "EAGLE-3 tree"}
+DRAFTING = ("eagle3", "peagle", "ngram", "hf_prompt_lookup", "peagle_tree", "eagle3_tree")  # arms that take a draft_k
+PEAGLE_ARMS = ("plain", "eagle3", "peagle", "ngram", "peagle_tree", "eagle3_tree")  # arms that run peagle.generate
+#: tree arms: the drafter they use, and the tree (draft_k is its depth): dynamic, 32 nodes
+TREE_ARMS = {"peagle_tree": "peagle", "eagle3_tree": "eagle3"}
+TREE = peagle.TreeConfig(kind="dynamic", num_nodes=32)
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,8 @@ class ArmRunner:
             return "HF assisted generation (prompt lookup) supports batch size 1 only"
         if spec.arm in ("eagle3", "peagle", "ngram") and spec.arm not in self.drafters:
             return f"no {spec.arm} drafter loaded"
+        if spec.arm in TREE_ARMS and TREE_ARMS[spec.arm] not in self.drafters:
+            return f"no {TREE_ARMS[spec.arm]} drafter loaded"
         return None
 
     def __call__(self, spec: ArmSpec, prompts: list[list[int]], *, max_new_tokens: int, temperature: float,
@@ -110,12 +116,12 @@ class ArmRunner:
         return self._hf(spec, prompts, max_new_tokens, temperature, seed)
 
     def _peagle(self, spec, prompts, max_new_tokens, temperature, seed, policy) -> CallResult:
-        drafter = None if spec.arm == "plain" else self.drafters[spec.arm]
+        drafter = None if spec.arm == "plain" else self.drafters[TREE_ARMS.get(spec.arm, spec.arm)]
         draft_k = policy if spec.draft_k == "auto" else (spec.draft_k or 1)
         start = len(policy.history) if policy is not None else 0
         t0 = time.perf_counter()
         out = peagle.generate(self.target, drafter, prompts, draft_k=draft_k, max_new_tokens=max_new_tokens,
-                              temperature=temperature, seed=seed)
+                              temperature=temperature, seed=seed, tree=TREE if spec.arm in TREE_ARMS else None)
         wall = time.perf_counter() - t0
         s = out.stats
         chosen = list(policy.history[start:]) if policy is not None else []

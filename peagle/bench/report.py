@@ -14,7 +14,7 @@ import os
 import platform
 from pathlib import Path
 
-from .arms import LABELS
+from .arms import DRAFTING, LABELS
 
 CSV_FIELDS = ["dataset", "temperature", "batch_size", "arm", "label", "draft_k", "mean_draft_k", "otps",
               "speedup_vs_baseline", "acceptance_length", "identical_to_plain", "first_divergence",
@@ -24,7 +24,8 @@ CSV_FIELDS = ["dataset", "temperature", "batch_size", "arm", "label", "draft_k",
 
 
 COLORS = {"plain": "tab:gray", "eagle3": "tab:orange", "peagle": "tab:green", "ngram": "tab:red",
-          "hf_generate": "tab:purple", "hf_prompt_lookup": "tab:brown"}
+          "hf_generate": "tab:purple", "hf_prompt_lookup": "tab:brown", "peagle_tree": "tab:olive",
+          "eagle3_tree": "tab:pink"}
 
 
 def machine_info() -> dict:
@@ -203,7 +204,7 @@ def write_plots(rows: list[dict], out_dir: Path) -> list[Path]:
             pts = [(b, r["otps"]) for b, r in pts if r]
             if pts:
                 ax.plot(*zip(*pts), marker="o", color=COLORS[arm],
-                        label=LABELS[arm] + (" (best K)" if arm in ("peagle", "eagle3", "ngram", "hf_prompt_lookup") else ""))
+                        label=LABELS[arm] + (" (best K)" if arm in DRAFTING else ""))
         ax.set(title=f"{dataset}, T={temp:g}", xlabel="concurrency (batch size)", ylabel="output tokens/s", xticks=batches)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -234,7 +235,7 @@ def write_plots(rows: list[dict], out_dir: Path) -> list[Path]:
     fig, axes = plt.subplots(1, len(batches), figsize=(4.5 * len(batches), 3.8), squeeze=False, sharey=True)
     for ax, b in zip(axes[0], batches):
         for gi, ((dataset, temp), g) in enumerate(groups):
-            for arm in ("peagle", "eagle3", "ngram", "hf_prompt_lookup"):
+            for arm in DRAFTING:
                 pts = sorted((r["draft_k"], r["speedup_vs_baseline"]) for r in g if r["arm"] == arm and r["batch_size"] == b
                              and r["draft_k"] != "auto" and r.get("speedup_vs_baseline"))
                 if pts:

@@ -32,7 +32,8 @@ class SweepConfig:
         out = []
         for arm in self.arms:
             if arm in DRAFTING:
-                ks = [k for k in self.draft_ks if not (arm == "hf_prompt_lookup" and k == "auto")]
+                no_auto = arm == "hf_prompt_lookup" or arm.endswith("_tree")
+                ks = [k for k in self.draft_ks if not (no_auto and k == "auto")]
                 out += [ArmSpec(arm, k) for k in ks]
             else:
                 out.append(ArmSpec(arm, 0))

@@ -21,6 +21,9 @@ VOCAB=${VOCAB:-6144}              # draft vocabulary N (P-EAGLE: 4 layers x MLP 
 EPOCHS=${EPOCHS:-2}
 BATCH=${BATCH:-8}                  # sequences per optimizer step (760 prompts -> 95 steps an epoch)
 WARMUP=${WARMUP:-20}
+MORE_EPOCHS=${MORE_EPOCHS:-2}     # round 2 (stages peagle-more, eagle3-more)
+MORE_BATCH=${MORE_BATCH:-4}
+SHIP_FROM=${SHIP_FROM:-}          # "-more" ships round 2's heads
 STAGES=${STAGES:-"data vocab features peagle eagle3 ship"}
 
 run() { echo "+ $*"; "$@"; }
@@ -63,12 +66,29 @@ if want eagle3; then
       2>&1 | tee -a "$RUNS/eagle3/log.txt"
 fi
 
+# Round 2: continue each head from round 1's weights for MORE_EPOCHS epochs with a fresh
+# schedule and smaller batches (twice the optimizer steps for the same tokens).
+if want peagle-more; then
+  mkdir -p "$RUNS/peagle-more"
+  run "$PY" -m peagle.train peagle "${COMMON[@]}" --out "$RUNS/peagle-more" \
+      --init-from "$RUNS/peagle/final" --layers 4 --intermediate-size 768 --max-depth 8 --cod-ratio 0.8 \
+      --cod-min-ratio 0.2 --epochs "$MORE_EPOCHS" --batch-size "$MORE_BATCH" --warmup-steps 10 --seed 1 \
+      2>&1 | tee -a "$RUNS/peagle-more/log.txt"
+fi
+
+if want eagle3-more; then
+  mkdir -p "$RUNS/eagle3-more"
+  run "$PY" -m peagle.train eagle3 "${COMMON[@]}" --out "$RUNS/eagle3-more" --init-from "$RUNS/eagle3/final" \
+      --layers 1 --ttt-steps 7 --epochs "$MORE_EPOCHS" --batch-size "$MORE_BATCH" --warmup-steps 10 --seed 1 \
+      2>&1 | tee -a "$RUNS/eagle3-more/log.txt"
+fi
+
 if want ship; then
   # The repository form: bf16, P-EAGLE's embedding stored as the rows that differ from the target's.
-  run "$PY" -m peagle.cli export "$RUNS/peagle/final" --format compact --target default --dtype bfloat16 --out peagle/heads/peagle
-  run "$PY" -m peagle.cli export "$RUNS/eagle3/final" --format compact --target default --dtype bfloat16 --out peagle/heads/eagle3
+  run "$PY" -m peagle.cli export "$RUNS/peagle$SHIP_FROM/final" --format compact --target default --dtype bfloat16 --out peagle/heads/peagle
+  run "$PY" -m peagle.cli export "$RUNS/eagle3$SHIP_FROM/final" --format compact --target default --dtype bfloat16 --out peagle/heads/eagle3
   # Engine-loadable copies (full embedding table) for vLLM checks.
-  run "$PY" -m peagle.cli export "$RUNS/peagle/final" --format vllm --target default --dtype bfloat16 --out "$RUNS/export/peagle"
-  run "$PY" -m peagle.cli export "$RUNS/eagle3/final" --format vllm --target default --dtype bfloat16 --out "$RUNS/export/eagle3"
+  run "$PY" -m peagle.cli export "$RUNS/peagle$SHIP_FROM/final" --format vllm --target default --dtype bfloat16 --out "$RUNS/export/peagle"
+  run "$PY" -m peagle.cli export "$RUNS/eagle3$SHIP_FROM/final" --format vllm --target default --dtype bfloat16 --out "$RUNS/export/eagle3"
   du -sh peagle/heads/peagle peagle/heads/eagle3
 fi

@@ -52,3 +52,19 @@ def test_init_from_copies_a_saved_head_and_refuses_another_shape(tmp_path):
                                    draft_vocab_size=128), target, used)
     with pytest.raises(ValueError, match="does not match"):
         load_weights_from(other, tmp_path / "saved", target)
+
+
+def test_init_from_an_eagle3_head(tmp_path):
+    from peagle.checkpoint import save_pretrained
+    from peagle.train.trainer import load_weights_from
+
+    target = tiny_target(hidden=64, layers=4, vocab=256)
+    used = torch.arange(0, 256, 2)
+    make = lambda seed: build_head(TrainConfig(kind="eagle3", data=str(tmp_path), out=str(tmp_path), layers=1,
+                                               draft_vocab_size=128, seed=seed), target, used)
+    trained = make(1)
+    save_pretrained(trained, tmp_path / "saved")
+    fresh = make(2)
+    load_weights_from(fresh, tmp_path / "saved", target)
+    for name, tensor in trained.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name

@@ -207,6 +207,8 @@ def load_weights_from(head, path: str | Path, target) -> None:
     mine, theirs = head.state_dict(), src.state_dict()
     if src.embed_tokens is not None:
         theirs["embed_tokens.weight"] = src.embed_tokens.weight
+    else:  # a head that reads the target's table (EAGLE-3): keep this run's copy of that table
+        mine = {k: v for k, v in mine.items() if k != "embed_tokens.weight"}
     bad = [n for n in mine if n not in theirs or theirs[n].shape != mine[n].shape] + [n for n in theirs if n not in mine]
     if bad:
         raise ValueError(f"init_from: {path} does not match this run's head (layers, widths, vocabulary): {bad[:5]}")

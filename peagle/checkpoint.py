@@ -353,7 +353,9 @@ def load_drafter(name_or_path: str | Path, target=None, dtype: torch.dtype | Non
     ``target`` (optional) checks compatibility and rebuilds a compact embedding table; heads
     shipped for the embedded model rebuild it from the embedded model without one.
     """
-    if str(name_or_path) in SHIPPED and not Path(name_or_path).exists():
+    # A shipped name wins over a same-named directory that is not a head (from the repository root,
+    # "peagle" is also the package's folder).
+    if str(name_or_path) in SHIPPED and not (Path(name_or_path) / "config.json").exists():
         path = HEADS_DIR / str(name_or_path)
         if not (path / "config.json").exists():
             raise FileNotFoundError(

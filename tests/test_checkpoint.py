@@ -154,3 +154,14 @@ def test_export_of_a_full_vocabulary_head_omits_the_identity_mapping(target, tmp
     assert "d2t" not in tensors and "t2d" not in tensors and "lm_head.weight" in tensors
     again = from_pretrained(out, target=target)
     assert _drafts(target, again) == _drafts(target, head)
+
+
+def test_shipped_name_wins_over_a_same_named_folder(tmp_path, monkeypatch):
+    # From the repository root "peagle" is also the package folder; it is not a head.
+    from peagle.checkpoint import HEADS_DIR
+
+    assert (HEADS_DIR / "eagle3" / "config.json").exists(), "the repository ships an eagle3 head"
+    (tmp_path / "eagle3").mkdir()
+    monkeypatch.chdir(tmp_path)
+    head = load_drafter("eagle3")
+    assert type(head).__name__ == "Eagle3Drafter" and head.config.draft_vocab_size == 6144

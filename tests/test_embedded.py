@@ -17,3 +17,16 @@ def test_plain_decoding_matches_hf_generate_on_a_chat_prompt():
     out = peagle.generate(target, None, prompt, chat=True, max_new_tokens=64)
     assert out.sequences[0] == hf
     assert target.tokenizer.decode(hf) and out.texts[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["peagle", "eagle3"])
+def test_shipped_heads_accept_drafts_losslessly_in_float32(name):
+    # float32: the arms are token-identical (bf16 near-ties may flip between 1- and 8-token forwards).
+    target = peagle.load_target(dtype=torch.float32)
+    drafter = peagle.load_drafter(name, target=target, dtype=torch.float32)
+    prompts = ["def is_prime(n):\n    \"\"\"Return True if n is a prime number.\"\"\"\n", "Explain what a hash map is."]
+    plain = peagle.generate(target, None, prompts, chat=True, max_new_tokens=48)
+    out = peagle.generate(target, drafter, prompts, chat=True, max_new_tokens=48, draft_k=7)
+    assert out.sequences == plain.sequences
+    assert out.stats.acceptance_length > 1.2  # a trained head; a random one accepts ~nothing (1.0)

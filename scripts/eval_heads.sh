@@ -23,6 +23,7 @@ mkdir -p "$OUT"
 common=(--arms peagle,eagle3 --draft-k "${DRAFT_K:-3,7}" --max-new-tokens 128 --warmup 0 --repeats 1 --threads 1 "${HEADS[@]}")
 "$PY" -m peagle.cli bench "${common[@]}" --datasets humaneval --num-prompts "$NUM_HE" --batch-sizes "$BS_HE" \
     --out "$OUT/humaneval" > "$OUT/humaneval.log" 2>&1 &
+[ "${PARALLEL:-1}" = 1 ] || wait  # PARALLEL=0: one dataset after the other (one core)
 "$PY" -m peagle.cli bench "${common[@]}" --datasets mtbench --num-prompts "$NUM_MT" --batch-sizes "$BS_MT" \
     --out "$OUT/mtbench" > "$OUT/mtbench.log" 2>&1 &
 wait

@@ -22,7 +22,8 @@ EPOCHS=${EPOCHS:-2}
 BATCH=${BATCH:-8}                  # sequences per optimizer step (760 prompts -> 95 steps an epoch)
 WARMUP=${WARMUP:-20}
 MORE_EPOCHS=${MORE_EPOCHS:-2}     # round 2 (stages peagle-more, eagle3-more)
-MORE_BATCH=${MORE_BATCH:-4}
+MORE_BATCH=${MORE_BATCH:-8}
+MORE_LR=${MORE_LR:-3e-4}        # a warm restart at 1e-3 (batch 4) undid round 1 (KL 5.0 -> 6.3 in 20 steps)
 SHIP_FROM=${SHIP_FROM:-}          # "-more" ships round 2's heads
 STAGES=${STAGES:-"data vocab features peagle eagle3 ship"}
 
@@ -66,20 +67,20 @@ if want eagle3; then
       2>&1 | tee -a "$RUNS/eagle3/log.txt"
 fi
 
-# Round 2: continue each head from round 1's weights for MORE_EPOCHS epochs with a fresh
-# schedule and smaller batches (twice the optimizer steps for the same tokens).
+# Round 2: continue each head from round 1's weights for MORE_EPOCHS epochs with a fresh,
+# lower schedule (peak MORE_LR).
 if want peagle-more; then
   mkdir -p "$RUNS/peagle-more"
   run "$PY" -m peagle.train peagle "${COMMON[@]}" --out "$RUNS/peagle-more" \
       --init-from "$RUNS/peagle/final" --layers 4 --intermediate-size 768 --max-depth 8 --cod-ratio 0.8 \
-      --cod-min-ratio 0.2 --epochs "$MORE_EPOCHS" --batch-size "$MORE_BATCH" --warmup-steps 10 --seed 1 \
+      --cod-min-ratio 0.2 --epochs "$MORE_EPOCHS" --batch-size "$MORE_BATCH" --lr "$MORE_LR" --warmup-steps 10 --seed 1 \
       2>&1 | tee -a "$RUNS/peagle-more/log.txt"
 fi
 
 if want eagle3-more; then
   mkdir -p "$RUNS/eagle3-more"
   run "$PY" -m peagle.train eagle3 "${COMMON[@]}" --out "$RUNS/eagle3-more" --init-from "$RUNS/eagle3/final" \
-      --layers 1 --ttt-steps 7 --epochs "$MORE_EPOCHS" --batch-size "$MORE_BATCH" --warmup-steps 10 --seed 1 \
+      --layers 1 --ttt-steps 7 --epochs "$MORE_EPOCHS" --batch-size "$MORE_BATCH" --lr "$MORE_LR" --warmup-steps 10 --seed 1 \
       2>&1 | tee -a "$RUNS/eagle3-more/log.txt"
 fi
 

@@ -161,3 +161,13 @@ def test_first_divergence_reports_where_and_how_close_the_tie_was():
     other = plain[:3] + [(plain[3] + 1) % 250 + 3] + plain[4:]
     index, gap = first_divergence(target, prompt, plain, other)
     assert index == 3 and gap > 0
+
+
+def test_a_draft_k_deeper_than_the_head_is_skipped_with_a_reason():
+    target = tiny_target()
+    head = peagle.PEagleDrafter(peagle.DrafterConfig.for_target(target, num_layers=1, max_draft_k=8))
+    runner = ArmRunner(target, {"peagle": head})
+    assert runner.supports(ArmSpec("peagle", 7), 1) is None
+    assert "at most 8" in runner.supports(ArmSpec("peagle", 11), 1)
+    assert "at most 8" in runner.supports(ArmSpec("peagle_tree", 11), 1)
+    assert runner.supports(ArmSpec("peagle", "auto"), 1) is None

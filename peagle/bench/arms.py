@@ -107,6 +107,10 @@ class ArmRunner:
             return f"no {spec.arm} drafter loaded"
         if spec.arm in TREE_ARMS and TREE_ARMS[spec.arm] not in self.drafters:
             return f"no {TREE_ARMS[spec.arm]} drafter loaded"
+        drafter = self.drafters.get(TREE_ARMS.get(spec.arm, spec.arm))
+        limit = getattr(drafter, "max_draft_k", None)
+        if isinstance(spec.draft_k, int) and limit is not None and spec.draft_k > limit:
+            return f"the head drafts at most {limit} tokens (trained depth)"
         return None
 
     def __call__(self, spec: ArmSpec, prompts: list[list[int]], *, max_new_tokens: int, temperature: float,

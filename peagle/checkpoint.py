@@ -264,6 +264,11 @@ def save_pretrained(head, path: str | Path, *, compact: bool = False, target=Non
     kind = head_kind(head)
     tensors = head_tensors(head, full_embedding=not compact, reference_embedding=reference_embedding, dtype=dtype)
     validate_tensors(tensors, head.config, kind)
+    if head.config.draft_vocab_size == head.config.vocab_size:
+        # N == V: the mapping is the identity, which the absence of d2t means to peagle and vLLM;
+        # vLLM has no draft_id_to_target_id parameter then and refuses a head that carries one.
+        tensors.pop("d2t", None)
+        tensors.pop("t2d", None)
     out_dtype = dtype or head.fc.weight.dtype
     config = config_to_dict(head.config, kind, out_dtype, compact=compact and kind == "peagle", target_name=target_name)
     path.mkdir(parents=True, exist_ok=True)

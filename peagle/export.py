@@ -32,29 +32,11 @@ def check_complete(path: str | Path) -> None:
     if kind == "peagle" and "mask_hidden" not in tensors and cfg_dict.get("peagle") is None:
         kind = "eagle3"
     if cfg.draft_vocab_size == cfg.vocab_size:
-        # N == V: the identity mapping, which engines hold no tensor for (see _drop_identity_mapping).
+        # N == V: the identity mapping, which save_pretrained does not write (vLLM refuses it).
         tensors.setdefault("d2t", torch.zeros(cfg.vocab_size, dtype=torch.long))
     elif "t2d" not in tensors:
         raise CheckpointError(f"{path}: missing tensors: t2d")
     validate_tensors(tensors, cfg, kind)
-
-
-def _drop_identity_mapping(path: Path) -> None:
-    """Remove ``d2t``/``t2d`` from a head whose draft vocabulary is the target's.
-
-    vLLM creates its ``draft_id_to_target_id`` parameter only when draft_vocab_size differs from
-    the target's vocabulary; a ``d2t`` in a full-vocabulary head then has nowhere to load and the
-    engine refuses the checkpoint. The identity mapping is what the absence means, to vLLM and peagle.
-    """
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    with safe_open(str(path / WEIGHTS), framework="pt") as f:
-        metadata = f.metadata()
-        tensors = {k: f.get_tensor(k) for k in f.keys() if k not in ("d2t", "t2d")}
-    tmp = path / (WEIGHTS + ".tmp")
-    save_file(tensors, str(tmp), metadata=metadata)
-    tmp.replace(path / WEIGHTS)
 
 
 def export(src: str | Path, out: str | Path, fmt: str = "vllm", target=None, dtype: torch.dtype | None = None) -> Path:
@@ -79,8 +61,6 @@ def export(src: str | Path, out: str | Path, fmt: str = "vllm", target=None, dty
         from_pretrained(path, target=target)  # the compact form must rebuild
         return path
     path = save_pretrained(head, out, compact=False, dtype=dtype, target_name=name)
-    if head.config.draft_vocab_size == head.config.vocab_size:
-        _drop_identity_mapping(path)
     check_complete(path)
     tensors = read_tensors(path / WEIGHTS)
     if kind == "peagle" and "embed_tokens.weight" not in tensors:

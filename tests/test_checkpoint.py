@@ -148,7 +148,8 @@ def test_export_of_a_full_vocabulary_head_omits_the_identity_mapping(target, tmp
     # vLLM has no draft_id_to_target_id parameter when N == V and refuses a d2t it cannot place.
     head = tiny_head(target, "eagle3", layers=1, max_draft_k=6, draft_vocab_size=256)
     save_pretrained(head, tmp_path / "c")
-    assert "d2t" in load_file(str(tmp_path / "c" / "model.safetensors"))
+    assert "d2t" not in load_file(str(tmp_path / "c" / "model.safetensors"))
+    assert _drafts(target, from_pretrained(tmp_path / "c", target=target)) == _drafts(target, head)
     out = export(tmp_path / "c", tmp_path / "engine")
     tensors = load_file(str(out / "model.safetensors"))
     assert "d2t" not in tensors and "t2d" not in tensors and "lm_head.weight" in tensors

@@ -39,7 +39,7 @@ def _add_data(p: argparse.ArgumentParser) -> None:
 def _run_data(args) -> int:
     import torch
 
-    from .data import GenerationSettings, load_target_by_name, prepare, regenerate
+    from .data import GenerationSettings, check_worker, load_target_by_name, prepare, regenerate
     from .prompts import build_prompts
 
     if args.threads:
@@ -55,13 +55,13 @@ def _run_data(args) -> int:
         print(f"{len(prompts)} prompts ({sum(p['source'] == 'stdlib' for p in prompts)} code) -> {out}/prompts.jsonl", flush=True)
     else:
         prompts = []
+    try:  # checked before the target loads
+        worker = check_worker(tuple(int(x) for x in args.worker.split("/")))
+    except ValueError:
+        raise SystemExit(f"--worker must be I/N with 0 <= I < N (e.g. 0/2), got {args.worker!r}")
     prepare(out, prompts, settings)
     target = load_target_by_name(args.target, args.dtype)
-    try:
-        index, count = (int(x) for x in args.worker.split("/"))
-    except ValueError:
-        raise SystemExit(f"--worker must look like I/N (e.g. 0/2), got {args.worker!r}")
-    metas = regenerate(target, prompts, out, settings, max_shards=args.max_shards, worker=(index, count))
+    metas = regenerate(target, prompts, out, settings, max_shards=args.max_shards, worker=worker)
     total = sum(m["response_tokens"] for m in metas)
     print(json.dumps({"shards": len(metas), "rows": sum(m["rows"] for m in metas), "answer_tokens": total}))
     return 0

@@ -159,7 +159,7 @@ def generate_shard(target: Target, out: Path, index: int, prompts: list[dict], s
         "shard": index, "rows": len(rows["id"]), "skipped_long_prompts": skipped,
         "prompt_tokens": int(sum(rows["prompt_len"])), "response_tokens": int(sum(rows["response_len"])),
         "finished_rows": int(sum(rows["finished"])), "seconds": round(time.perf_counter() - t0, 1),
-        "settings": asdict(settings), "target_config": getattr(target.config, "_name_or_path", None) or settings.target,
+        "settings": asdict(settings), "target_config": settings.target,  # the name given (not a machine path)
         "torch": torch.__version__, "host": platform.node(), "threads": torch.get_num_threads(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
@@ -180,6 +180,14 @@ def save_shard(out: str | Path, index: int, rows: dict, meta: dict) -> Path:
     return final
 
 
+def check_worker(worker: tuple[int, int]) -> tuple[int, int]:
+    """``(i, n)`` of a data-generation worker, checked: n >= 1 and 0 <= i < n."""
+    index, n_workers = worker
+    if not (n_workers >= 1 and 0 <= index < n_workers):
+        raise ValueError(f"worker must be (i, n) with n >= 1 and 0 <= i < n, got {tuple(worker)}")
+    return index, n_workers
+
+
 def regenerate(target: Target, prompts: list[dict], out: str | Path, settings: GenerationSettings,
                max_shards: int | None = None, show_progress: bool = True,
                worker: tuple[int, int] = (0, 1)) -> list[dict]:
@@ -189,18 +197,17 @@ def regenerate(target: Target, prompts: list[dict], out: str | Path, settings: G
     ``worker=(i, n)`` does only the shards whose index is i modulo n, so n processes (one thread
     each) can share a data directory: every shard is published by its own atomic rename.
     """
-    index, count_ = worker
-    if not 0 <= index < count_:
-        raise ValueError(f"worker must be (i, n) with 0 <= i < n, got {worker}")
+    index, n_workers = check_worker(worker)
     from tqdm.auto import tqdm
 
     out = Path(out)
     prepare(out, prompts, settings)
     prompts = read_prompts(out)
     n_shards = (len(prompts) + settings.shard_size - 1) // settings.shard_size
-    todo = [i for i in range(n_shards) if not (shard_dir(out, i) / "peagle_meta.json").exists() and i % count_ == index]
-    done = n_shards - len(todo)
-    bar = tqdm(total=len(prompts), initial=min(done * settings.shard_size, len(prompts)), unit="prompt",
+    mine = [i for i in range(n_shards) if i % n_workers == index]
+    todo = [i for i in mine if not (shard_dir(out, i) / "peagle_meta.json").exists()]
+    size = lambda i: len(prompts[i * settings.shard_size: (i + 1) * settings.shard_size])  # noqa: E731
+    bar = tqdm(total=sum(map(size, mine)), initial=sum(size(i) for i in mine if i not in todo), unit="prompt",
                desc="regenerate", disable=not show_progress, mininterval=10)
     for count, i in enumerate(todo):
         if max_shards is not None and count >= max_shards:

@@ -5,6 +5,7 @@
     peagle train features --data runs/data
     peagle train peagle   --data runs/data --out runs/peagle --layers 4 --max-depth 8
     peagle train eagle3   --data runs/data --out runs/eagle3
+    peagle train evaluate --head runs/peagle/final --data runs/data --shards 12-13
     accelerate launch -m peagle.train peagle --data runs/data --out runs/peagle   # several processes
 
 Every step resumes: `data` at the first missing shard, `features` likewise, training from the last
@@ -129,6 +130,7 @@ def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--init-lm-head", default=d.init_lm_head, choices=["target", "random"],
                    help="random (default) or target: start lm_head as the target's output rows, norm gain folded in")
     p.add_argument("--max-len", type=int, default=d.max_len)
+    p.add_argument("--shards", default=d.shards, help="train on these data shards only, e.g. 0-11 (default: all)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per global batch")
     p.add_argument("--micro-batch-tokens", type=int, default=d.micro_batch_tokens)
     p.add_argument("--epochs", type=float, default=d.epochs)
@@ -157,12 +159,32 @@ def _run_train(args, kind: str) -> int:
     return 0
 
 
+def _add_evaluate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--head", nargs="+", required=True, help="saved heads (OUT/final, an exported folder)")
+    p.add_argument("--data", required=True, help="data directory with cached features")
+    p.add_argument("--shards", default=None, help="shards to evaluate on, e.g. 12-13 (held out from training)")
+    p.add_argument("--draft-k", type=int, default=None, help="depths (default: P-EAGLE's trained depth, 7 for EAGLE-3)")
+    p.add_argument("--target", default="default")
+    p.add_argument("--target-dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--max-len", type=int, default=1024)
+    p.add_argument("--max-sequences", type=int, default=None)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+
+
+def _run_evaluate(args) -> int:
+    from .evaluate import run_cli
+
+    return run_cli(args)
+
+
 SUBCOMMANDS = {
     "data": (_add_data, _run_data, "regenerate answers to training prompts with the target"),
     "vocab": (_add_vocab, _run_vocab, "choose the draft vocabulary (top-N answer tokens)"),
     "features": (_add_features, _run_features, "cache the target's teacher-forced features"),
     "peagle": (lambda p: _add_train(p, "peagle"), lambda a: _run_train(a, "peagle"), "train a P-EAGLE head"),
     "eagle3": (lambda p: _add_train(p, "eagle3"), lambda a: _run_train(a, "eagle3"), "train an EAGLE-3 head"),
+    "evaluate": (_add_evaluate, _run_evaluate, "held-out KL, agreement and greedy acceptance of heads by depth"),
 }
 
 

@@ -218,12 +218,28 @@ def regenerate(target: Target, prompts: list[dict], out: str | Path, settings: G
     return shard_metadata(out)
 
 
-def shard_metadata(out: str | Path) -> list[dict]:
+def parse_shards(spec: str | None) -> set[int] | None:
+    """``"0-11"``, ``"12,13"`` or ``"0-5,8"`` -> the shard indices; None or ``""`` -> None (every shard)."""
+    if spec is None or not str(spec).strip():
+        return None
+    out: set[int] = set()
+    for part in str(spec).split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
+            raise ValueError(f"shards must be indices or ranges like '0-11' or '12,13', got {spec!r}")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def shard_metadata(out: str | Path, shards: set[int] | None = None) -> list[dict]:
+    """Metadata of every complete shard of a data directory (only those in ``shards`` when given)."""
     metas = []
     for d in sorted((Path(out) / "shards").glob("[0-9]*")):
         m = d / "peagle_meta.json"
         if d.is_dir() and not d.name.endswith(".tmp") and m.exists():
-            metas.append(json.loads(m.read_text()))
+            meta = json.loads(m.read_text())
+            if shards is None or meta["shard"] in shards:
+                metas.append(meta)
     return metas
 
 

@@ -111,6 +111,8 @@ class StepStats:
     correct: list[float] = field(default_factory=list)  # draft argmax == target argmax, per depth
     count: list[float] = field(default_factory=list)  # supervised elements, per depth
     objective: float = 0.0  # the normalised loss that was backpropagated
+    keep_elements: bool = False  # evaluation: also keep every supervised element's result
+    elements: list = field(default_factory=list)  # (anchor, depth, label, draft argmax, kl) tensors [E] per call
 
     def add(self, depth: torch.Tensor, kl: torch.Tensor, correct: torch.Tensor, max_depth: int) -> None:
         for lst in (self.loss_sum, self.correct, self.count):
@@ -128,7 +130,7 @@ def _loss_chunk(head, hidden, labels, w, target_logits):
     draft = head.logits(hidden)
     tgt = target_logits(labels)
     kl = kl_target_draft(draft, tgt)
-    return (kl * w).sum(), kl.detach(), draft.argmax(-1) == tgt.argmax(-1)
+    return (kl * w).sum(), kl.detach(), draft.argmax(-1), tgt.argmax(-1)
 
 
 def _supervised_loss(head, out: torch.Tensor, group: Group, feats: Features, scale: torch.Tensor | float,
@@ -144,15 +146,19 @@ def _supervised_loss(head, out: torch.Tensor, group: Group, feats: Features, sca
     w = scale[depth] if isinstance(scale, torch.Tensor) else torch.full(depth.shape, float(scale), device=out.device)
     starts = range(0, sup.numel(), LOSS_CHUNK)
     use_ckpt = len(starts) > 1 and torch.is_grad_enabled()
-    total, kls, correct = 0.0, [], []
+    total, kls, drafted, best = 0.0, [], [], []
     for s in starts:
         rows = slice(s, s + LOSS_CHUNK)
         args = (head, out[sup[rows]], labels[rows], w[rows], feats.target_logits)
-        loss, kl, ok = checkpoint(_loss_chunk, *args, use_reentrant=False) if use_ckpt else _loss_chunk(*args)
+        loss, kl, d_arg, t_arg = checkpoint(_loss_chunk, *args, use_reentrant=False) if use_ckpt else _loss_chunk(*args)
         total = total + loss
         kls.append(kl)
-        correct.append(ok)
-    stats.add(depth, torch.cat(kls), torch.cat(correct), max_depth)
+        drafted.append(d_arg)
+        best.append(t_arg)
+    kl, drafted = torch.cat(kls), torch.cat(drafted)
+    stats.add(depth, kl, drafted == torch.cat(best), max_depth)
+    if stats.keep_elements:
+        stats.elements.append((group.anchor[sup].cpu(), depth.cpu(), labels.cpu(), drafted.cpu(), kl.float().cpu()))
     return total
 
 
@@ -181,13 +187,13 @@ def plan_peagle(packed: Packed, max_depth: int, mask_token_id: int, ratio: float
 
 
 def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float, num_segments: int = 1,
-                backward: bool = True, budget: int = 1 << 23) -> StepStats:
+                backward: bool = True, budget: int = 1 << 23, stats: StepStats | None = None) -> StepStats:
     """P-EAGLE loss sum(KL) / norm over the plan's supervised elements, S forward+backward passes.
 
     norm: the supervised count of the whole global batch (so gradients add up across
     micro-batches, segments and processes).
     """
-    stats = StepStats()
+    stats = stats if stats is not None else StepStats()
     K = head.config.max_draft_k
     fc_hidden = _fc_hidden(head, feats)
     for seg in segments(plan.d0, plan.chains, num_segments):
@@ -224,9 +230,9 @@ def plan_eagle3(packed: Packed, steps: int = 7) -> Eagle3Plan:
 
 
 def eagle3_step(head, plan: Eagle3Plan, feats: Features, norms: list[float], steps: int = 7,
-                backward: bool = True, budget: int = 1 << 23) -> StepStats:
+                backward: bool = True, budget: int = 1 << 23, stats: StepStats | None = None) -> StepStats:
     """Training-time test: sum_d 0.8^d * sum(KL at depth d) / norms[d], depths unrolled in sequence."""
-    stats = StepStats()
+    stats = stats if stats is not None else StepStats()
     scale = torch.tensor([TTT_DECAY ** d / max(n, 1.0) for d, n in enumerate(norms)], device=feats.aux.device)
     runner = PassRunner(head, plan.packed, budget)
     prev_group, prev_out = plan.d0, runner.run([plan.d0], _fc_hidden(head, feats)(plan.d0))

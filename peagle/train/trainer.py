@@ -48,6 +48,7 @@ class TrainConfig:
     cod_min_ratio: float = 0.2
     segments: int = 1  # sequence partitioning: forward+backward passes per micro-batch
     max_len: int = 1024  # sequences are cut to this many tokens
+    shards: str | None = None  # data shards to train on ("0-11"; None = all): keep others held out
     batch_size: int = 16  # sequences per global batch (all processes together)
     micro_batch_tokens: int = 4096  # tokens packed into one forward per process
     epochs: float = 1.0
@@ -79,6 +80,9 @@ class TrainConfig:
             raise ValueError(f"init_lm_head must be 'target' or 'random', got {self.init_lm_head!r}")
         if self.features not in ("cache", "online"):
             raise ValueError(f"features must be 'cache' or 'online', got {self.features!r}")
+        if self.shards is not None:
+            from .data import parse_shards
+            parse_shards(self.shards)  # raises on a malformed spec before any work starts
         if self.mixed_precision not in ("no", "bf16"):
             raise ValueError(f"mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}")
         for name in ("max_depth", "ttt_steps", "draft_vocab_size", "segments", "max_len", "batch_size",
@@ -91,21 +95,23 @@ class TrainConfig:
 class TrainSet:
     """Sequences of a data directory (cut to max_len) and their features."""
 
-    def __init__(self, data_dir: str | Path, max_len: int, target, used_ids: torch.Tensor, features: str):
+    def __init__(self, data_dir: str | Path, max_len: int, target, used_ids: torch.Tensor, features: str,
+                 shards: str | None = None):
         from datasets import load_from_disk
 
-        from .data import shard_dir, shard_metadata
+        from .data import parse_shards, shard_dir, shard_metadata
         from .features import DraftVocabLogits, FeatureCache
 
         self.rows: list[tuple[int, int, list[int], int]] = []  # (shard, row, ids, prompt_len)
-        for m in shard_metadata(data_dir):
+        for m in shard_metadata(data_dir, parse_shards(shards)):
             ds = load_from_disk(str(shard_dir(data_dir, m["shard"])))
             for r, (ids, p) in enumerate(zip(ds["input_ids"], ds["prompt_len"])):
                 ids = list(ids)[:max_len]
                 if len(ids) - p >= 2:  # at least one supervised position
                     self.rows.append((m["shard"], r, ids, int(p)))
         if not self.rows:
-            raise ValueError(f"{data_dir} holds no usable sequence (complete shards with answers)")
+            where = f" in shards {shards!r}" if shards else ""
+            raise ValueError(f"{data_dir} holds no usable sequence{where} (complete shards with answers)")
         self.target = target
         self.max_len = max_len
         self.logits = DraftVocabLogits(target, used_ids)
@@ -354,7 +360,7 @@ def train(cfg: TrainConfig, target=None) -> Path:
         target = load_target_by_name(cfg.target, cfg.target_dtype)
         target.to_device(device)
     used_ids = load_draft_vocab(cfg.data, cfg.draft_vocab_size)
-    data = TrainSet(cfg.data, cfg.max_len, target, used_ids, cfg.features)
+    data = TrainSet(cfg.data, cfg.max_len, target, used_ids, cfg.features, cfg.shards)
     lengths = [len(r[2]) for r in data.rows]
     steps_per_epoch = math.ceil(len(data) / cfg.batch_size)
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))

@@ -1,0 +1,99 @@
+"""Held-out evaluation: the offline acceptance equals what the drafter's own inference path accepts."""
+import json
+
+import pytest
+import torch
+
+from peagle.checkpoint import from_pretrained
+from peagle.drafters.base import DraftStep
+from peagle.sampling import SamplingParams
+from peagle.train.cli import main as train_main
+from peagle.train.data import parse_shards
+from peagle.train.evaluate import evaluate_head
+from peagle.train.tiny import make_tiny_data, save_tiny_target
+from peagle.train.trainer import TrainSet
+
+VOCAB_N = 128
+K = 3
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("evaluate")
+    target = save_tiny_target(root / "target")
+    make_tiny_data(target, root / "data", num_prompts=24, prompt_len=10, new_tokens=30, shard_size=8)
+    base = ["--data", str(root / "data"), "--target", str(root / "target")]
+    assert train_main(["vocab", *base, "--size", str(VOCAB_N)]) == 0
+    assert train_main(["features", *base]) == 0
+    heads = {}
+    for kind, extra in (("peagle", ["--max-depth", "4"]), ("eagle3", ["--ttt-steps", "3"])):
+        out = root / kind
+        assert train_main([kind, *base, "--out", str(out), "--shards", "0-1", "--draft-vocab-size", str(VOCAB_N),
+                           "--batch-size", "4", "--layers", "1", "--lr", "3e-3", "--warmup-steps", "2",
+                           "--max-steps", "16", "--threads", "1", *extra]) == 0
+        heads[kind] = out
+    return root, target, heads
+
+
+def _brute_force_acceptance(head, target, data_dir, shard: str) -> tuple[float, int]:
+    """Per anchor: draft K tokens through Drafter.draft from the cached context, count the matching prefix."""
+    used = head.draft_to_target(torch.arange(head.config.draft_vocab_size))
+    data = TrainSet(data_dir, 1024, target, used, "cache", shard)
+    head.bind(target)
+    head = head.float().eval()
+    accepted, anchors = [], 0
+    for shard_i, row, ids, P in data.rows:
+        aux, _ = data.cache.get(shard_i, row, len(ids))
+        seq = torch.tensor(ids)
+        T = len(ids)
+        for a in range(max(P - 2, 0), T - 1 - K):
+            head.reset(1)
+            step = DraftStep(tokens=seq[1: a + 2][None], hidden=aux[: a + 1][None].float(), positions=torch.arange(a + 1)[None],
+                             num_new=torch.tensor([a + 1]), history=seq[: a + 2][None], history_lens=torch.tensor([a + 2]),
+                             sampling=SamplingParams(0.0, 0, 1.0))
+            with torch.no_grad():
+                drafted = head.draft(step, K).tokens[0]
+            ok = (drafted == seq[a + 2: a + 2 + K]).long()
+            accepted.append(int(ok.cumprod(0).sum()))
+            anchors += 1
+    return 1.0 + sum(accepted) / anchors, anchors
+
+
+@pytest.mark.parametrize("kind", ["peagle", "eagle3"])
+def test_offline_acceptance_equals_the_drafters_own(trained, kind):
+    root, target, heads = trained
+    head = from_pretrained(heads[kind] / "final", target=target)
+    res = evaluate_head(head, target, root / "data", shards="2", draft_k=K, show_progress=False)
+    expected, anchors = _brute_force_acceptance(from_pretrained(heads[kind] / "final", target=target), target,
+                                                root / "data", "2")
+    assert res.anchors == anchors > 0
+    assert res.acceptance_length > 1.0  # a trained head accepts something: the comparison is not 1 == 1
+    assert res.acceptance_length == pytest.approx(expected, abs=1e-9)
+    assert res.acceptance_by_position == sorted(res.acceptance_by_position, reverse=True)
+
+
+def test_training_reads_only_the_named_shards_and_the_cli_writes_json(trained):
+    root, target, heads = trained
+    state = json.loads((heads["peagle"] / "final" / "trainer_state.json").read_text())
+    assert state["config"]["shards"] == "0-1"
+    used = torch.arange(VOCAB_N)
+    assert {s for s, *_ in TrainSet(root / "data", 1024, target, used, "cache", "0-1").rows} == {0, 1}
+    out = root / "eval.json"
+    assert train_main(["evaluate", "--head", str(heads["peagle"] / "final"), "--data", str(root / "data"), "--shards", "2",
+                       "--target", str(root / "target"), "--draft-k", "2", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc[0]["draft_k"] == 2 and len(doc[0]["acceptance_by_position"]) == 2
+
+
+def test_bad_shards_and_draft_k_are_refused(trained):
+    root, target, heads = trained
+    for spec in ("x", "5-2", "1,,2"):
+        with pytest.raises(ValueError, match="shards"):
+            parse_shards(spec)
+    assert parse_shards("0-2,7") == {0, 1, 2, 7} and parse_shards(None) is None
+    head = from_pretrained(heads["peagle"] / "final", target=target)
+    with pytest.raises(ValueError, match=r"draft_k must be in \[1, 4\]"):
+        evaluate_head(head, target, root / "data", shards="2", draft_k=5, show_progress=False)
+    with pytest.raises(ValueError, match="shards '9'"):
+        evaluate_head(head, target, root / "data", shards="9", draft_k=2, show_progress=False)

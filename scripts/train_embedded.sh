@@ -25,7 +25,11 @@ MORE_EPOCHS=${MORE_EPOCHS:-2}     # round 2 (stages peagle-more, eagle3-more)
 MORE_BATCH=${MORE_BATCH:-8}
 MORE_LR=${MORE_LR:-3e-4}        # a warm restart at 1e-3 (batch 4) undid round 1 (KL 5.0 -> 6.3 in 20 steps)
 SHIP_FROM=${SHIP_FROM:-}          # "-more" ships round 2's heads
-STAGES=${STAGES:-"data vocab features peagle eagle3 ship"}
+MAX_STEPS=${MAX_STEPS:-}          # fixes the step count (and the cosine schedule) instead of EPOCHS
+TRAIN_SHARDS=${TRAIN_SHARDS:-}    # e.g. 0-17: train on these shards only (default: all)
+HELDOUT=${HELDOUT:-}              # e.g. 18-19: shards the "heldout" stage evaluates on (never trained on)
+OUT_SUFFIX=${OUT_SUFFIX:-}        # stages peagle / eagle3 / heldout use $RUNS/peagle$OUT_SUFFIX etc.
+STAGES=${STAGES:-"data vocab features peagle eagle3 ship"}   # also: peagle-more eagle3-more heldout
 
 run() { echo "+ $*"; "$@"; }
 want() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -54,17 +58,27 @@ fi
 COMMON=(--data "$RUNS/data" --draft-vocab-size "$VOCAB" --epochs "$EPOCHS" --batch-size "$BATCH" --max-len 1024
         --micro-batch-tokens 4096 --lr 1e-3 --warmup-steps "$WARMUP" --checkpoint-every 20 --log-every 10
         --mixed-precision bf16 --threads "$THREADS")   # bf16 autocast, fp32 master weights
+[ -n "$TRAIN_SHARDS" ] && COMMON+=(--shards "$TRAIN_SHARDS")
+[ -n "$MAX_STEPS" ] && COMMON+=(--max-steps "$MAX_STEPS")
 
 if want peagle; then
-  mkdir -p "$RUNS/peagle"
-  run "$PY" -m peagle.train peagle "${COMMON[@]}" --out "$RUNS/peagle" --layers 4 --intermediate-size 768 \
-      --max-depth 8 --cod-ratio 0.8 --cod-min-ratio 0.2 2>&1 | tee -a "$RUNS/peagle/log.txt"
+  mkdir -p "$RUNS/peagle$OUT_SUFFIX"
+  run "$PY" -m peagle.train peagle "${COMMON[@]}" --out "$RUNS/peagle$OUT_SUFFIX" --layers 4 --intermediate-size 768 \
+      --max-depth 8 --cod-ratio 0.8 --cod-min-ratio 0.2 2>&1 | tee -a "$RUNS/peagle$OUT_SUFFIX/log.txt"
 fi
 
 if want eagle3; then
-  mkdir -p "$RUNS/eagle3"
-  run "$PY" -m peagle.train eagle3 "${COMMON[@]}" --out "$RUNS/eagle3" --layers 1 --ttt-steps 7 \
-      2>&1 | tee -a "$RUNS/eagle3/log.txt"
+  mkdir -p "$RUNS/eagle3$OUT_SUFFIX"
+  run "$PY" -m peagle.train eagle3 "${COMMON[@]}" --out "$RUNS/eagle3$OUT_SUFFIX" --layers 1 --ttt-steps 7 \
+      2>&1 | tee -a "$RUNS/eagle3$OUT_SUFFIX/log.txt"
+fi
+
+# Held-out KL, agreement and greedy acceptance by depth (peagle train evaluate: minutes, no decoding).
+if want heldout; then
+  [ -n "$HELDOUT" ] || { echo "heldout: set HELDOUT=<shards never trained on>, e.g. 18-19" >&2; exit 2; }
+  run "$PY" -m peagle.train evaluate --head "$RUNS/peagle$OUT_SUFFIX/final" "$RUNS/eagle3$OUT_SUFFIX/final" \
+      --data "$RUNS/data" --shards "$HELDOUT" --draft-k 7 --threads "$THREADS" \
+      --out "$RUNS/heldout$OUT_SUFFIX.json" 2>&1 | grep -v '^\[' | tee "$RUNS/heldout$OUT_SUFFIX.txt"
 fi
 
 # Round 2: continue each head from round 1's weights for MORE_EPOCHS epochs with a fresh,

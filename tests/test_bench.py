@@ -171,3 +171,21 @@ def test_a_draft_k_deeper_than_the_head_is_skipped_with_a_reason():
     assert "at most 8" in runner.supports(ArmSpec("peagle", 11), 1)
     assert "at most 8" in runner.supports(ArmSpec("peagle_tree", 11), 1)
     assert runner.supports(ArmSpec("peagle", "auto"), 1) is None
+
+
+def test_tree_arms_sweep_node_budgets_and_keep_them_apart_in_the_report(tmp_path, capsys):
+    cfg = SweepConfig(arms=("plain", "peagle_tree"), draft_ks=(3, "auto"), batch_sizes=(1,), temperatures=(0.0,),
+                      max_new_tokens=4, tree_nodes=(8, 16))
+    specs = cfg.specs()
+    assert [s.label for s in specs] == ["plain", "P-EAGLE tree K=3 8 nodes", "P-EAGLE tree K=3 16 nodes"]
+    assert [s.tree.num_nodes for s in specs[1:]] == [8, 16] and specs[0].tree is None
+    argv = ["--quick", "--arms", "plain,peagle_tree", "--draft-k", "3", "--tree-nodes", "4,8", "--batch-sizes", "1",
+            "--temperatures", "0", "--out", str(tmp_path)]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = json.loads(out.strip().splitlines()[-1])["rows"]
+    trees = [r for r in rows if r["arm"] == "peagle_tree"]
+    assert [r["tree_nodes"] for r in trees] == [4, 8] and all(r["identical_to_plain"] == 1.0 for r in trees)
+    assert "| P-EAGLE tree K=3 4 nodes | P-EAGLE tree K=3 8 nodes |" in out  # two columns, not one
+    with pytest.raises(SystemExit, match="--tree-nodes"):
+        bench.main(["--quick", "--tree-nodes", "0", "--out", str(tmp_path)])

@@ -37,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", help="bfloat16 | float32 | float16 (default bfloat16; --quick float32)")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma list from {','.join(ARMS)}")
     p.add_argument("--draft-k", dest="draft_k", help="comma list of draft_k values and/or auto (default 3,7,11,auto)")
+    p.add_argument("--tree-nodes", dest="tree_nodes", default="32",
+                   help="comma list of node budgets for the tree arms (dynamic trees, draft_k deep; default 32)")
     p.add_argument("--batch-sizes", dest="batch_sizes", help="concurrency levels (default 1,4,8)")
     p.add_argument("--datasets", help="comma list: humaneval, mtbench (default both)")
     p.add_argument("--prompts", action="append", default=[], metavar="FILE", help="JSONL file with a `prompt` field (repeatable)")
@@ -66,6 +68,12 @@ def _split(text: str, cast=str) -> tuple:
 
 def _k(x: str):
     return "auto" if x == "auto" else int(x)
+
+
+def _tree_nodes(x: str) -> int:
+    if not x.isdigit() or int(x) < 1:
+        raise SystemExit(f"--tree-nodes must be a comma list of integers >= 1, got {x!r}")
+    return int(x)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,7 +110,8 @@ def _run(args: argparse.Namespace) -> int:
     dtype = getattr(torch, DTYPES.get(args.dtype, args.dtype))
     cfg = SweepConfig(arms=arms, draft_ks=_split(args.draft_k, _k), batch_sizes=_split(args.batch_sizes, int),
                       temperatures=_split(args.temperatures, float), max_new_tokens=args.max_new_tokens,
-                      repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+                      repeats=args.repeats, warmup=args.warmup, seed=args.seed,
+                      tree_nodes=_split(args.tree_nodes, _tree_nodes))
     datasets = list(_split(args.datasets)) + list(args.prompts)
     if not datasets:
         raise SystemExit("nothing to run: give --datasets and/or --prompts FILE")
@@ -124,7 +133,8 @@ def _run(args: argparse.Namespace) -> int:
             "chat": args.chat, "heads": heads, "machine": machine_info(), "config": {
                 "arms": list(arms), "draft_k": list(cfg.draft_ks), "batch_sizes": list(cfg.batch_sizes),
                 "temperatures": list(cfg.temperatures), "datasets": list(prompts), "num_prompts": args.num_prompts,
-                "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "warmup": cfg.warmup, "seed": cfg.seed}}
+                "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "warmup": cfg.warmup, "seed": cfg.seed,
+                "tree_nodes": list(cfg.tree_nodes)}}
     for kind, source in heads.items():
         if not source.startswith("trained") and kind != "ngram":
             print(f"warning: {kind}: {source}", file=sys.stderr)

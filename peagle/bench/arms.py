@@ -23,20 +23,26 @@ LABELS = {"plain": "plain", "eagle3": "EAGLE-3", "peagle": "P-EAGLE", "ngram": "
           "peagle_tree": "P-EAGLE tree", "eagle3_tree": "EAGLE-3 tree"}
 DRAFTING = ("eagle3", "peagle", "ngram", "hf_prompt_lookup", "peagle_tree", "eagle3_tree")  # arms that take a draft_k
 PEAGLE_ARMS = ("plain", "eagle3", "peagle", "ngram", "peagle_tree", "eagle3_tree")  # arms that run peagle.generate
-#: tree arms: the drafter they use, and the tree (draft_k is its depth): dynamic, 32 nodes
+#: tree arms: the drafter they use; the tree is dynamic, draft_k deep, ArmSpec.tree_nodes nodes
 TREE_ARMS = {"peagle_tree": "peagle", "eagle3_tree": "eagle3"}
-TREE = peagle.TreeConfig(kind="dynamic", num_nodes=32)
+DEFAULT_TREE_NODES = 32
 
 
 @dataclass(frozen=True)
 class ArmSpec:
     arm: str  # one of ARMS
     draft_k: int | str = 0  # 0 for arms without drafts; "auto" = peagle.autok.DraftKPolicy
+    tree_nodes: int = 0  # tree arms: the dynamic tree's node budget; 0 for the others
 
     @property
     def label(self) -> str:
         k = "" if self.arm not in DRAFTING else f" K={self.draft_k}" if self.draft_k != "auto" else " auto"
-        return LABELS[self.arm] + k
+        nodes = f" {self.tree_nodes} nodes" if self.arm in TREE_ARMS else ""
+        return LABELS[self.arm] + k + nodes
+
+    @property
+    def tree(self) -> peagle.TreeConfig | None:
+        return peagle.TreeConfig(kind="dynamic", num_nodes=self.tree_nodes) if self.arm in TREE_ARMS else None
 
 
 @dataclass
@@ -125,7 +131,7 @@ class ArmRunner:
         start = len(policy.history) if policy is not None else 0
         t0 = time.perf_counter()
         out = peagle.generate(self.target, drafter, prompts, draft_k=draft_k, max_new_tokens=max_new_tokens,
-                              temperature=temperature, seed=seed, tree=TREE if spec.arm in TREE_ARMS else None)
+                              temperature=temperature, seed=seed, tree=spec.tree)
         wall = time.perf_counter() - t0
         s = out.stats
         chosen = list(policy.history[start:]) if policy is not None else []

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .arms import DRAFTING, LABELS
 
-CSV_FIELDS = ["dataset", "temperature", "batch_size", "arm", "label", "draft_k", "mean_draft_k", "otps",
+CSV_FIELDS = ["dataset", "temperature", "batch_size", "arm", "label", "draft_k", "tree_nodes", "mean_draft_k", "otps",
               "speedup_vs_baseline", "acceptance_length", "identical_to_plain", "first_divergence",
               "divergence_gap_max", "new_tokens", "wall_s",
               "draft_ms", "verify_ms", "other_ms", "prefill_s", "cycles", "max_new_tokens", "n_prompts",
@@ -106,15 +106,14 @@ def seed_table(rows: list[dict]) -> str:
 
 def peers_table(rows: list[dict]) -> str:
     """Every other arm's OTPS per concurrency: n-gram, auto draft_k, HF generate / prompt lookup."""
-    cols = []
+    cols = []  # labels: one column per arm, draft_k and tree size
     for r in rows:
-        key = (r["arm"], r["draft_k"])
-        if (r["arm"] not in ("peagle", "eagle3", "plain") or r["draft_k"] == "auto") and key not in cols:
-            cols.append(key)
+        if (r["arm"] not in ("peagle", "eagle3", "plain") or r["draft_k"] == "auto") and r["label"] not in cols:
+            cols.append(r["label"])
     batches = sorted({r["batch_size"] for r in rows})
-    header = ["Concurrency"] + [_get(rows, a, k, next(b for b in batches if _get(rows, a, k, b)))["label"] for a, k in cols]
-    body = [[b] + [(_get(rows, a, k, b) or {}).get("otps") for a, k in cols] for b in batches]
-    return _table(header, body)
+    by = {(r["label"], r["batch_size"]): r for r in rows}
+    body = [[b] + [by.get((c, b), {}).get("otps") for c in cols] for b in batches]
+    return _table(["Concurrency"] + cols, body)
 
 
 def _identical(r: dict) -> str:
@@ -225,7 +224,8 @@ def write_plots(rows: list[dict], out_dir: Path) -> list[Path]:
                 ax.plot(range(1, len(acc) + 1), acc, marker="o", color=COLORS[arm], ls=styles[gi % 4], label=f"{r['label']}, {dataset} T={temp:g}")
     ax.set(xlabel="draft position", ylabel="P(draft accepted)", ylim=(0, 1.02), title="Acceptance by draft position (concurrency 1)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     paths.append(out_dir / "acceptance_by_position.png")
     fig.savefig(paths[-1], dpi=110)
@@ -235,12 +235,15 @@ def write_plots(rows: list[dict], out_dir: Path) -> list[Path]:
     fig, axes = plt.subplots(1, len(batches), figsize=(4.5 * len(batches), 3.8), squeeze=False, sharey=True)
     for ax, b in zip(axes[0], batches):
         for gi, ((dataset, temp), g) in enumerate(groups):
-            for arm in DRAFTING:
+            lines = sorted({(r["arm"], r.get("tree_nodes") or 0) for r in g if r["arm"] in DRAFTING},
+                           key=lambda key: (DRAFTING.index(key[0]), key[1]))  # one line per arm and tree size
+            for arm, nodes in lines:
                 pts = sorted((r["draft_k"], r["speedup_vs_baseline"]) for r in g if r["arm"] == arm and r["batch_size"] == b
-                             and r["draft_k"] != "auto" and r.get("speedup_vs_baseline"))
+                             and (r.get("tree_nodes") or 0) == nodes and r["draft_k"] != "auto" and r.get("speedup_vs_baseline"))
                 if pts:
+                    size = f" {nodes} nodes" if nodes else ""
                     ax.plot(*zip(*pts), marker="o", color=COLORS[arm], ls=styles[gi % len(styles)],
-                            label=f"{LABELS[arm]}, {dataset} T={temp:g}")
+                            label=f"{LABELS[arm]}{size}, {dataset} T={temp:g}")
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set(xlabel="draft_k", title=f"concurrency {b}")
         ax.grid(alpha=0.3)

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from peagle.autok import make_policy
 
-from .arms import DRAFTING, ArmRunner, ArmSpec, CallResult, first_divergence
+from .arms import DEFAULT_TREE_NODES, DRAFTING, TREE_ARMS, ArmRunner, ArmSpec, CallResult, first_divergence
 
 
 @dataclass(frozen=True)
@@ -27,13 +27,15 @@ class SweepConfig:
     repeats: int = 1
     warmup: int = 1  # warm-up calls per arm and group (first chunk, at most 16 new tokens)
     seed: int = 0
+    tree_nodes: tuple[int, ...] = (DEFAULT_TREE_NODES,)  # node budgets of the tree arms
 
     def specs(self) -> list[ArmSpec]:
         out = []
         for arm in self.arms:
-            if arm in DRAFTING:
-                no_auto = arm == "hf_prompt_lookup" or arm.endswith("_tree")
-                ks = [k for k in self.draft_ks if not (no_auto and k == "auto")]
+            if arm in TREE_ARMS:
+                out += [ArmSpec(arm, k, n) for k in self.draft_ks if k != "auto" for n in self.tree_nodes]
+            elif arm in DRAFTING:
+                ks = [k for k in self.draft_ks if not (arm == "hf_prompt_lookup" and k == "auto")]
                 out += [ArmSpec(arm, k) for k in ks]
             else:
                 out.append(ArmSpec(arm, 0))
@@ -125,7 +127,8 @@ def run_group(runner: ArmRunner, cfg: SweepConfig, prompts: list[list[int]], *, 
     ordered_prompts = [p for b in batches for p in b]
     rows = []
     for spec in specs:
-        row = {"arm": spec.arm, "label": spec.label, "draft_k": spec.draft_k, "batch_size": batch_size,
+        row = {"arm": spec.arm, "label": spec.label, "draft_k": spec.draft_k, "tree_nodes": spec.tree_nodes,
+               "batch_size": batch_size,
                "dataset": dataset, "temperature": temperature, "max_new_tokens": cfg.max_new_tokens,
                "n_prompts": len(prompts), "repeats": cfg.repeats}
         row.update(_median_row(per_rep[spec]))

@@ -10,7 +10,7 @@ from peagle.sampling import SamplingParams
 from peagle.train.cli import main as train_main
 from peagle.train.data import parse_shards
 from peagle.train.evaluate import evaluate_head
-from peagle.train.tiny import make_tiny_data, save_tiny_target
+from peagle.train.tiny import make_tiny_workdir
 from peagle.train.trainer import TrainSet
 
 VOCAB_N = 128
@@ -21,11 +21,8 @@ K = 3
 def trained(tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("evaluate")
-    target = save_tiny_target(root / "target")
-    make_tiny_data(target, root / "data", num_prompts=24, prompt_len=10, new_tokens=30, shard_size=8)
+    target = make_tiny_workdir(root, VOCAB_N)
     base = ["--data", str(root / "data"), "--target", str(root / "target")]
-    assert train_main(["vocab", *base, "--size", str(VOCAB_N)]) == 0
-    assert train_main(["features", *base]) == 0
     heads = {}
     for kind, extra in (("peagle", ["--max-depth", "4"]), ("eagle3", ["--ttt-steps", "3"])):
         out = root / kind

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 import peagle
 from peagle.checkpoint import from_pretrained
 from peagle.train.cli import main as train_main
-from peagle.train.tiny import make_tiny_data, save_tiny_target
+from peagle.train.tiny import make_tiny_workdir
 
 VOCAB_N = 128
 
@@ -22,10 +22,7 @@ VOCAB_N = 128
 def workdir(tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("train")
-    target = save_tiny_target(root / "target")
-    make_tiny_data(target, root / "data", num_prompts=24, prompt_len=10, new_tokens=30, shard_size=8)
-    assert train_main(["vocab", "--data", str(root / "data"), "--target", str(root / "target"), "--size", str(VOCAB_N)]) == 0
-    assert train_main(["features", "--data", str(root / "data"), "--target", str(root / "target")]) == 0
+    target = make_tiny_workdir(root, VOCAB_N)
     return root, target
 
 

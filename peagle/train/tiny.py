@@ -57,3 +57,19 @@ def make_tiny_data(target: Target, out, num_prompts: int = 16, prompt_len: int =
     settings = GenerationSettings(target="tiny", dtype="float32", max_new_tokens=new_tokens, temperature=temperature,
                                   seed=seed, shard_size=shard_size, batch_size=shard_size)
     return regenerate(target, prompts, out, settings, show_progress=False)
+
+
+def make_tiny_workdir(root, vocab_size: int = 128) -> Target:
+    """``root/target`` (a saved tiny target) and ``root/data`` with answers, a draft vocabulary
+    of ``vocab_size`` and cached features: what the training tests start from."""
+    from pathlib import Path
+
+    from .cli import main as train_main
+
+    root = Path(root)
+    target = save_tiny_target(root / "target")
+    make_tiny_data(target, root / "data", num_prompts=24, prompt_len=10, new_tokens=30, shard_size=8)
+    base = ["--data", str(root / "data"), "--target", str(root / "target")]
+    if train_main(["vocab", *base, "--size", str(vocab_size)]) or train_main(["features", *base]):
+        raise RuntimeError("peagle train vocab/features failed on the tiny target")
+    return target

@@ -1,7 +1,7 @@
 """Kernel microbenchmarks: each Triton kernel against its PyTorch twin.
 
 GPU (scripts/gpu_check.sh runs this):   python scripts/bench_kernels.py --out results/kernels.csv
-CPU smoke run (interpreter, tiny):      python scripts/bench_kernels.py --device cpu --quick --out /tmp/k.csv
+CPU smoke run (interpreter, tiny):      python scripts/bench_kernels.py --device cpu --quick --out runs/kernels-cpu.csv
 Compile only, no GPU needed:            python scripts/bench_kernels.py --compile-only 90
 
 Cases (full size): tree_verify at batch 64, 32-node trees, vocab 152,064 (greedy on bf16 logits,

@@ -94,3 +94,12 @@ def test_bad_shards_and_draft_k_are_refused(trained):
         evaluate_head(head, target, root / "data", shards="2", draft_k=5, show_progress=False)
     with pytest.raises(ValueError, match="shards '9'"):
         evaluate_head(head, target, root / "data", shards="9", draft_k=2, show_progress=False)
+
+
+def test_the_cli_refuses_bad_options_before_loading_anything(trained):
+    root, _, heads = trained
+    base = ["evaluate", "--head", str(heads["peagle"] / "final"), "--data", str(root / "data"), "--target", str(root / "target")]
+    for extra, word in ((["--shards", "3-1"], "--shards"), (["--draft-k", "0"], "--draft-k"),
+                        (["--max-sequences", "0"], "--max-sequences")):
+        with pytest.raises(SystemExit, match=word):
+            train_main([*base, *extra])

@@ -56,8 +56,12 @@ def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None,
     """
     from tqdm.auto import tqdm
 
-    from ..drafters import PEagleDrafter
+    from ..drafters import Eagle3Drafter, PEagleDrafter
 
+    if not isinstance(head, (PEagleDrafter, Eagle3Drafter)):
+        raise ValueError(f"head must be a PEagleDrafter or Eagle3Drafter (a trained head), got {type(head).__name__}")
+    if max_sequences is not None and max_sequences < 1:
+        raise ValueError(f"max_sequences must be >= 1 (or None for all), got {max_sequences}")
     kind = "peagle" if isinstance(head, PEagleDrafter) else "eagle3"
     K_max = int(head.config.max_draft_k)
     K = int(draft_k) if draft_k is not None else (K_max if kind == "peagle" else min(7, K_max))
@@ -83,7 +87,7 @@ def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None,
                 peagle_step(head, plan, feats, 1.0, backward=False, stats=stats)
             else:
                 eagle3_step(head, plan_eagle3(packed, K), feats, [1.0] * K, K, backward=False, stats=stats)
-            anchor, depth, label, drafted, _ = (torch.cat(t) for t in zip(*stats.elements))
+            anchor, depth, label, drafted = (torch.cat(t) for t in zip(*stats.elements))
             # The element predicts the token at row label + 1; the answer there is the target's greedy choice.
             ok = head.draft_to_target(drafted) == packed.input_ids[label + 1]
             keep = depth < K
@@ -109,8 +113,16 @@ def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None,
 
 def run_cli(args) -> int:
     from ..checkpoint import from_pretrained
-    from .data import load_target_by_name
+    from .data import load_target_by_name, parse_shards
 
+    try:  # checked before the target loads
+        parse_shards(args.shards)
+    except ValueError as err:
+        raise SystemExit(f"--shards: {err}")
+    for name in ("draft_k", "max_sequences", "max_len"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_target_by_name(args.target, args.target_dtype)

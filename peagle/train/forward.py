@@ -112,7 +112,7 @@ class StepStats:
     count: list[float] = field(default_factory=list)  # supervised elements, per depth
     objective: float = 0.0  # the normalised loss that was backpropagated
     keep_elements: bool = False  # evaluation: also keep every supervised element's result
-    elements: list = field(default_factory=list)  # (anchor, depth, label, draft argmax, kl) tensors [E] per call
+    elements: list = field(default_factory=list)  # (anchor, depth, label, draft argmax) tensors [E] per call
 
     def add(self, depth: torch.Tensor, kl: torch.Tensor, correct: torch.Tensor, max_depth: int) -> None:
         for lst in (self.loss_sum, self.correct, self.count):
@@ -158,7 +158,7 @@ def _supervised_loss(head, out: torch.Tensor, group: Group, feats: Features, sca
     kl, drafted = torch.cat(kls), torch.cat(drafted)
     stats.add(depth, kl, drafted == torch.cat(best), max_depth)
     if stats.keep_elements:
-        stats.elements.append((group.anchor[sup].cpu(), depth.cpu(), labels.cpu(), drafted.cpu(), kl.float().cpu()))
+        stats.elements.append((group.anchor[sup].cpu(), depth.cpu(), labels.cpu(), drafted.cpu()))
     return total
 
 

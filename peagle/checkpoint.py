@@ -220,11 +220,24 @@ def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 # -- save ------------------------------------------------------------------------------------
+def plain_state_dict(head) -> dict[str, torch.Tensor]:
+    """``head.state_dict()`` with each parametrised tensor (torch.nn.utils.parametrize, as training's
+    preconditioner uses) under its plain name and effective value, the form engines load."""
+    from torch.nn.utils import parametrize
+
+    out = {k: v for k, v in head.state_dict().items() if "parametrizations." not in k}
+    for mod_name, mod in head.named_modules():
+        if parametrize.is_parametrized(mod):
+            for pname in mod.parametrizations:
+                out[f"{mod_name}.{pname}" if mod_name else pname] = getattr(mod, pname).detach()
+    return out
+
+
 def head_tensors(head, full_embedding: bool = True, reference_embedding: torch.Tensor | None = None,
                  dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The tensors of a head under engine names; the embedding full, compact or absent."""
     state = {}
-    for name, t in head.state_dict().items():
+    for name, t in plain_state_dict(head).items():
         if name.startswith("embed_tokens.") or name.startswith("_target_embed"):
             continue
         t = t.detach().cpu()

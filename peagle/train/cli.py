@@ -129,6 +129,8 @@ def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--init-from", default=None, help="start from this saved head's weights (fresh optimizer and schedule)")
     p.add_argument("--init-lm-head", default=d.init_lm_head, choices=["target", "random"],
                    help="random (default) or target: start lm_head as the target's output rows, norm gain folded in")
+    p.add_argument("--precondition", default=d.precondition, choices=["rms", "none"],
+                   help="rms: train fc in standardised aux units (folded into the saved weights); none (default)")
     p.add_argument("--max-len", type=int, default=d.max_len)
     p.add_argument("--shards", default=d.shards, help="train on these data shards only, e.g. 0-11 (default: all)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per global batch")

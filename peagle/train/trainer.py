@@ -30,6 +30,7 @@ from ..checkpoint import from_pretrained, read_tensors, save_pretrained
 from ..config import DrafterConfig
 from .forward import Features, eagle3_step, peagle_step, plan_eagle3, plan_peagle
 from .plan import pack
+from .precondition import load_raw_state, precondition_fc, raw_state
 
 
 @dataclass
@@ -62,6 +63,7 @@ class TrainConfig:
     init_from: str | None = None  # a saved head to start from (continued training with a fresh schedule)
     init_lm_head: str = "random"  # "random" (default: measured better on the embedded run) or "target" (its rows, norm folded in)
     features: str = "cache"  # "cache" (DATA/features) or "online" (target forward per step)
+    precondition: str = "none"  # "rms": fc trained in standardised aux units (peagle/train/precondition.py)
     mixed_precision: str = "no"  # "no" | "bf16" (autocast where the device supports it)
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
@@ -78,6 +80,8 @@ class TrainConfig:
             raise ValueError(f"train_embedding must be mask, all or none, got {self.train_embedding!r}")
         if self.init_lm_head not in ("target", "random"):
             raise ValueError(f"init_lm_head must be 'target' or 'random', got {self.init_lm_head!r}")
+        if self.precondition not in ("rms", "none"):
+            raise ValueError(f"precondition must be 'rms' or 'none', got {self.precondition!r}")
         if self.features not in ("cache", "online"):
             raise ValueError(f"features must be 'cache' or 'online', got {self.features!r}")
         if self.shards is not None:
@@ -132,6 +136,15 @@ class TrainSet:
         aux = torch.cat([a for a, _ in parts]).to(device)
         final = torch.cat([f for _, f in parts]).to(device)
         return packed, Features(aux, lambda rows: self.logits(final[rows]))
+
+
+def sample_aux_rms(data: TrainSet, max_sequences: int = 64) -> torch.Tensor:
+    """Per-dimension RMS of the aux states over up to ``max_sequences`` evenly spaced training sequences."""
+    from .precondition import aux_rms
+
+    idx = list(range(0, len(data), max(1, len(data) // max_sequences)))[:max_sequences]
+    packed, feats = data.batch(idx, "cpu")
+    return aux_rms(feats.aux, packed.doc_start)
 
 
 def global_batch(step: int, n: int, batch_size: int, seed: int) -> list[int]:
@@ -285,6 +298,8 @@ def save_checkpoint(accelerator, out: Path, step: int, head, opt, sched, cfg: Tr
     torch.save(_rng_state(), tmp / f"rng_{accelerator.process_index}.pt")
     if accelerator.is_main_process:
         save_pretrained(head, tmp / "head", target_name=cfg.target)
+        if raw_state(head):  # the optimiser-side tensors, so a resumed run continues bit for bit
+            torch.save(raw_state(head), tmp / "preconditioned.pt")
         torch.save(opt.state_dict(), tmp / "optimizer.pt")
         torch.save(sched.state_dict(), tmp / "scheduler.pt")
     accelerator.wait_for_everyone()
@@ -319,6 +334,8 @@ def load_checkpoint(accelerator, path: Path, head, opt, sched) -> int:
     if table is not None:
         with torch.no_grad():
             head.embed_tokens.weight.copy_(table)
+    if raw_state(head):
+        load_raw_state(head, torch.load(path / "preconditioned.pt", weights_only=True))
     opt.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
     sched.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
     rng = path / f"rng_{accelerator.process_index}.pt"
@@ -367,6 +384,8 @@ def train(cfg: TrainConfig, target=None) -> Path:
     head = build_head(cfg, target, used_ids)
     if cfg.init_from:
         load_weights_from(head, cfg.init_from, target)
+    if cfg.precondition == "rms":
+        precondition_fc(head, sample_aux_rms(data), fresh=not cfg.init_from)
     head = head.to(device)
     params = [p for _, p in trainable(head)]
     opt, sched = make_optimizer(cfg, head, total_steps)

@@ -33,6 +33,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--heldout-shards", required=True)
     ap.add_argument("--max-len", type=int, default=1024)
     args = ap.parse_args(argv)
+    for name in ("train_shards", "heldout_shards"):
+        try:
+            parse_shards(getattr(args, name))
+        except ValueError as err:
+            ap.error(f"--{name.replace('_', '-')}: {err}")
+    if args.max_len < 2:
+        ap.error(f"--max-len must be >= 2, got {args.max_len}")
 
     bigram: dict = collections.defaultdict(collections.Counter)
     trigram: dict = collections.defaultdict(collections.Counter)
@@ -49,6 +56,8 @@ def main(argv: list[str] | None = None) -> dict:
             n += 1
             hit2 += best2.get(ids[t]) == ids[t + 1]
             hit3 += best3.get((ids[t - 1], ids[t]), best2.get(ids[t])) == ids[t + 1]
+    if n == 0:
+        ap.error(f"--heldout-shards {args.heldout_shards}: no answer tokens to predict")
     result = {"positions": n, "bigram": round(hit2 / max(n, 1), 4), "trigram_backoff": round(hit3 / max(n, 1), 4),
               "train_shards": args.train_shards, "heldout_shards": args.heldout_shards}
     print(json.dumps(result))

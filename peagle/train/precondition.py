@@ -11,7 +11,7 @@ too low. That was a candidate for why the embedded heads learnt little beyond a 
 EAGLE-3 run with it followed the run without it step for step over its first 60 steps (same
 batches; docs/training.md), so it is opt-in (``--precondition rms``), not the default.
 
-The fix is a fixed diagonal preconditioner ``s = 1 / rms`` per input dimension (measured once on
+The reparametrisation is a fixed diagonal preconditioner ``s = 1 / rms`` per input dimension (measured once on
 training data, first token of each sequence excluded): the optimiser steps ``raw`` and the layer
 uses ``fc.weight = raw * s`` (columns scaled), which is the same as feeding ``fc`` standardised
 inputs. P-EAGLE's ``mask_hidden`` lives in the same input space, so it is stepped as

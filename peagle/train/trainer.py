@@ -298,8 +298,9 @@ def save_checkpoint(accelerator, out: Path, step: int, head, opt, sched, cfg: Tr
     torch.save(_rng_state(), tmp / f"rng_{accelerator.process_index}.pt")
     if accelerator.is_main_process:
         save_pretrained(head, tmp / "head", target_name=cfg.target)
-        if raw_state(head):  # the optimiser-side tensors, so a resumed run continues bit for bit
-            torch.save(raw_state(head), tmp / "preconditioned.pt")
+        raw = raw_state(head)
+        if raw:  # the optimiser-side tensors (--precondition), so a resumed run continues bit for bit
+            torch.save(raw, tmp / "preconditioned.pt")
         torch.save(opt.state_dict(), tmp / "optimizer.pt")
         torch.save(sched.state_dict(), tmp / "scheduler.pt")
     accelerator.wait_for_everyone()

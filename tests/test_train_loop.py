@@ -44,6 +44,7 @@ def test_cli_pipeline_trains_a_head_that_drafts(workdir, kind):
     assert train_main(_args(root, kind, out, "--max-steps", "12", *extra)) == 0
     log = _log(out)
     assert len(log) == 12 and log[-1]["loss"] < log[0]["loss"]
+    assert all(r["rss_mb"] > 0 for r in log)  # resident memory is logged (long CPU runs watch it)
     head = from_pretrained(out / "final", target=target)
     prompt = [list(map(int, torch.randint(3, 250, (10,), generator=torch.Generator().manual_seed(5))))]
     plain = peagle.generate(target, None, prompt, max_new_tokens=16)

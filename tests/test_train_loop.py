@@ -126,3 +126,20 @@ def test_resume_refuses_changed_options_and_skips_finished_runs(workdir):
     shutil.rmtree(out / "final")
     with pytest.raises(ValueError, match="lr"):
         train_main(_args(root, "peagle", out, *common[:-2], "--lr", "1e-2"))
+
+
+def test_reschedule_shortens_a_run_from_its_checkpoint(workdir):
+    import shutil
+
+    root, _ = workdir
+    out = root / "reschedule"
+    common = ["--max-depth", "3", "--checkpoint-every", "2", "--keep-checkpoints", "10"]
+    assert train_main(_args(root, "peagle", out, "--max-steps", "8", *common)) == 0
+    shutil.rmtree(out / "final")
+    shutil.rmtree(out / "checkpoints" / "step_0000006")  # as if stopped after step 4's checkpoint
+    with pytest.raises(ValueError, match="--reschedule"):
+        train_main(_args(root, "peagle", out, "--max-steps", "6", *common))
+    assert train_main(_args(root, "peagle", out, "--max-steps", "6", "--reschedule", *common)) == 0
+    log = _log(out)
+    assert log[-1]["step"] == 6
+    assert log[-1]["lr"] == pytest.approx(3e-3 * 0.1)  # the new schedule ends at its floor at step 6

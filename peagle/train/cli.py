@@ -137,6 +137,9 @@ def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--micro-batch-tokens", type=int, default=d.micro_batch_tokens)
     p.add_argument("--epochs", type=float, default=d.epochs)
     p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--reschedule", action="store_true",
+                   help="resume with a new --max-steps / --epochs: the learning rate follows the new schedule from "
+                        "the current step (the run then differs from one that had the new length from the start)")
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)

@@ -70,6 +70,7 @@ class TrainConfig:
     log_every: int = 10
     seed: int = 0
     threads: int = 0  # torch threads per process (0 = torch's default)
+    reschedule: bool = False  # resume with another max_steps / epochs (the cosine bends towards the new end)
     trim_memory: bool = True  # malloc_trim after every step (keeps a long CPU run's memory flat)
     debug_step_sleep: float = 0.0  # tests: slow steps down so a kill lands mid-run
     extra: dict = field(default_factory=dict)
@@ -315,18 +316,20 @@ def save_checkpoint(accelerator, out: Path, step: int, head, opt, sched, cfg: Tr
 
 
 #: options a resumed run may change; any other difference would change the result
-RESUMABLE_CHANGES = {"out", "data", "threads", "trim_memory", "debug_step_sleep", "log_every", "checkpoint_every", "keep_checkpoints", "features"}
+RESUMABLE_CHANGES = {"out", "data", "threads", "reschedule", "trim_memory", "debug_step_sleep", "log_every", "checkpoint_every", "keep_checkpoints", "features"}
 
 
 def check_resume_config(path: Path, cfg: TrainConfig) -> None:
     saved = json.loads((path / "trainer_state.json").read_text())["config"]
     # An option added after the checkpoint was written ran at its default then.
     defaults = {f.name: f.default for f in fields(TrainConfig)}
+    allowed = RESUMABLE_CHANGES | ({"max_steps", "epochs"} if cfg.reschedule else set())
     diff = {k: (saved.get(k, defaults[k]), v) for k, v in asdict(cfg).items()
-            if k not in RESUMABLE_CHANGES and saved.get(k, defaults[k]) != v}
+            if k not in allowed and saved.get(k, defaults[k]) != v}
     if diff:
+        hint = " (--reschedule allows a new --max-steps / --epochs)" if {"max_steps", "epochs"} & diff.keys() else ""
         raise ValueError(f"{path} was written with other options (saved, now): {diff}; resume with the same options "
-                         "or use another --out")
+                         f"or use another --out{hint}")
 
 
 def load_checkpoint(accelerator, path: Path, head, opt, sched) -> int:

@@ -61,6 +61,7 @@ COMMON=(--data "$RUNS/data" --draft-vocab-size "$VOCAB" --epochs "$EPOCHS" --bat
         --mixed-precision bf16 --threads "$THREADS")   # bf16 autocast, fp32 master weights
 [ -n "$TRAIN_SHARDS" ] && COMMON+=(--shards "$TRAIN_SHARDS")
 [ -n "$MAX_STEPS" ] && COMMON+=(--max-steps "$MAX_STEPS")
+[ -n "${TRAIN_ARGS:-}" ] && COMMON+=($TRAIN_ARGS)   # extra trainer options, e.g. TRAIN_ARGS=--no-trim-memory
 [ -n "${RESCHEDULE:-}" ] && COMMON+=(--reschedule)   # RESCHEDULE=1: resume with a changed MAX_STEPS
 
 if want peagle; then

@@ -150,6 +150,8 @@ def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--log-every", type=int, default=d.log_every)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--trim-memory", action=argparse.BooleanOptionalAction, default=d.trim_memory,
+                   help="malloc_trim after every step (glibc): returns freed heap to the OS")
     p.add_argument("--debug-step-sleep", type=float, default=0.0, help=argparse.SUPPRESS)
 
 

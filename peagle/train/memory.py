@@ -19,9 +19,13 @@ import time
 import torch
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+def rss_mb() -> float:
+    """Resident memory of this process in MB (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+    except (OSError, ValueError):
+        return 0.0
 
 
 def measure_once(tokens: int, segments: int, hidden: int, layers: int, draft_vocab: int, max_depth: int,
@@ -46,7 +50,7 @@ def measure_once(tokens: int, segments: int, hidden: int, layers: int, draft_voc
     w = torch.randn(draft_vocab, hidden) / hidden ** 0.5
     feats = Features(aux, lambda rows: final[rows] @ w.t())
     plan = plan_peagle(pack([seq], [16]), max_depth, cfg.mask_token_id, generator=torch.Generator().manual_seed(seed))
-    base = _rss_mb()
+    base = rss_mb()
     t0 = time.perf_counter()
     stats = peagle_step(head, plan, feats, norm=plan.num_supervised, num_segments=segments)
     seconds = time.perf_counter() - t0

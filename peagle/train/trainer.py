@@ -15,6 +15,7 @@ Checkpoints (every --checkpoint-every steps, the last --keep-checkpoints kept)::
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -29,6 +30,7 @@ import torch
 from ..checkpoint import from_pretrained, read_tensors, save_pretrained
 from ..config import DrafterConfig
 from .forward import Features, eagle3_step, peagle_step, plan_eagle3, plan_peagle
+from .memory import rss_mb
 from .plan import pack
 from .precondition import load_raw_state, precondition_fc, raw_state
 
@@ -359,34 +361,25 @@ def _all_reduce_grads(accelerator, params) -> None:
         p.grad = g.view_as(p).clone()
 
 
-def _rss_mb() -> float:
-    """Resident memory of this process in MB (0 where /proc is missing)."""
+@functools.lru_cache(maxsize=1)
+def _malloc_trim():
+    """glibc's malloc_trim, or None where there is no glibc."""
     try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError):
-        return 0.0
+        import ctypes
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def _release_freed_memory() -> None:
     """Hand freed heap back to the OS (glibc only; a no-op elsewhere).
 
-    Every step allocates activations of a different packed length; glibc keeps the freed blocks, so
-    a long CPU run's resident memory grew to 10-12 GB by step ~400 and pushed the feature cache out
-    of the page cache (steps 2x slower). malloc_trim returns those pages.
+    Every step allocates activations of a different packed length and glibc keeps the freed
+    blocks: without this, a 450-step CPU run grew to 10-12 GB resident (docs/training.md).
     """
-    global _malloc_trim
-    if _malloc_trim is None:
-        try:
-            import ctypes
-            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
-
-
-_malloc_trim = None
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def _seq_generator(cfg: TrainConfig, step: int, index: int) -> torch.Generator:
@@ -493,7 +486,7 @@ def train(cfg: TrainConfig, target=None) -> Path:
                    "kl_by_depth": [round(x, 4) for x in (depth_stats[0] / n).tolist()],
                    "acc_by_depth": [round(x, 4) for x in (depth_stats[1] / n).tolist()],
                    "tokens_per_s": round(tokens_since * world / max(now - t_last, 1e-9), 1),
-                   "rss_mb": round(_rss_mb()), "time": time.time()}
+                   "rss_mb": round(rss_mb()), "time": time.time()}
             t_last, tokens_since = now, 0
             with open(log, "a") as f:
                 f.write(json.dumps(rec) + "\n")

@@ -24,6 +24,7 @@ WARMUP=${WARMUP:-20}
 MORE_EPOCHS=${MORE_EPOCHS:-2}     # round 2 (stages peagle-more, eagle3-more)
 MORE_BATCH=${MORE_BATCH:-8}
 MORE_LR=${MORE_LR:-3e-4}        # a warm restart at 1e-3 (batch 4) undid round 1 (KL 5.0 -> 6.3 in 20 steps)
+MORE_SEED=${MORE_SEED:-1}        # batch order of a continuation round (round 4: 1, round 5: 2)
 MORE_FROM=${MORE_FROM:-}          # "-long": stages peagle-more / eagle3-more continue $RUNS/peagle$MORE_FROM/final
 SHIP_FROM=${SHIP_FROM:-}          # "-more" ships round 2's heads
 MAX_STEPS=${MAX_STEPS:-}          # fixes the step count (and the cosine schedule) instead of EPOCHS
@@ -90,14 +91,14 @@ if want peagle-more; then
   mkdir -p "$RUNS/peagle-more$OUT_SUFFIX"
   run "$PY" -m peagle.train peagle "${COMMON[@]}" --out "$RUNS/peagle-more$OUT_SUFFIX" \
       --init-from "$RUNS/peagle$MORE_FROM/final" --layers 4 --intermediate-size 768 --max-depth 8 --cod-ratio 0.8 \
-      --cod-min-ratio 0.2 --epochs "$MORE_EPOCHS" --batch-size "$MORE_BATCH" --lr "$MORE_LR" --warmup-steps 10 --seed 1 \
+      --cod-min-ratio 0.2 --epochs "$MORE_EPOCHS" --batch-size "$MORE_BATCH" --lr "$MORE_LR" --warmup-steps 10 --seed "$MORE_SEED" \
       2>&1 | tee -a "$RUNS/peagle-more$OUT_SUFFIX/log.txt"
 fi
 
 if want eagle3-more; then
   mkdir -p "$RUNS/eagle3-more$OUT_SUFFIX"
   run "$PY" -m peagle.train eagle3 "${COMMON[@]}" --out "$RUNS/eagle3-more$OUT_SUFFIX" --init-from "$RUNS/eagle3$MORE_FROM/final" \
-      --layers 1 --ttt-steps 7 --epochs "$MORE_EPOCHS" --batch-size "$MORE_BATCH" --lr "$MORE_LR" --warmup-steps 10 --seed 1 \
+      --layers 1 --ttt-steps 7 --epochs "$MORE_EPOCHS" --batch-size "$MORE_BATCH" --lr "$MORE_LR" --warmup-steps 10 --seed "$MORE_SEED" \
       2>&1 | tee -a "$RUNS/eagle3-more$OUT_SUFFIX/log.txt"
 fi
 

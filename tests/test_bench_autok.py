@@ -9,18 +9,10 @@ import torch
 import peagle
 from peagle.autok import DraftKPolicy, make_policy
 from peagle.bench.models import tiny_target
+from drafters_for_tests import OracleDrafter
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4], [100, 101, 102, 103, 104, 105, 106, 107, 108, 1]]
 NEW = 40
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread, and a shared machine cannot stall a barrier then."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,32 +46,6 @@ class ScriptedPolicy(DraftKPolicy):
     def observe(self, draft_k, batch_size, draft_s, verify_s, num_accepted, rows=None):
         self.observed.append((draft_k, batch_size, draft_s, verify_s, num_accepted.tolist(), list(rows)))
         super().observe(draft_k, batch_size, draft_s, verify_s, num_accepted, rows)
-
-
-class OracleDrafter:
-    """Knows the target's output: every draft is accepted (a drafter worth drafting deep for)."""
-
-    max_draft_k = None
-
-    def __init__(self, full_rows):
-        self.full = full_rows
-        self.rows = list(range(len(full_rows)))
-
-    def bind(self, target):
-        pass
-
-    def reset(self, batch_size):
-        self.rows = list(range(batch_size))
-
-    def select_rows(self, index):
-        self.rows = [self.rows[i] for i in index.tolist()]
-
-    def draft(self, step, draft_k):
-        out = []
-        for r, n in zip(self.rows, step.history_lens.tolist()):
-            seq = self.full[r][n:n + draft_k]
-            out.append(seq + [0] * (draft_k - len(seq)))
-        return peagle.Draft(torch.tensor(out))
 
 
 class RecordingDrafter(OracleDrafter):

@@ -8,35 +8,18 @@ garbage (NaN) in cache slots past cache_lens. Also the dispatcher, validation, i
 from __future__ import annotations
 
 import os
-
-# Triton decides interpreter vs compiler when triton.language is imported (its own tl.max etc. are
-# @jit functions) and when our kernels are decorated: set this before anything imports triton.
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from interpreter import needs_interpreter
 
 from peagle.kernels import parallel_draft_attention, parallel_draft_attention_torch, resolve_impl
 
 ROOT = Path(__file__).resolve().parents[1]
 
-
-def _interpreter_ready() -> bool:
-    try:
-        import triton.language as tl
-    except ImportError:
-        return False
-    return type(tl.max).__name__ == "InterpretedFunction"
-
-
-needs_interpreter = pytest.mark.skipif(
-    not _interpreter_ready(),
-    reason="triton missing, or imported before TRITON_INTERPRET=1 was set (set it in the environment)",
-)
 
 # Tolerances, kernel vs twin. Both compute in fp32 from the same inputs.
 FP32_TOL = dict(atol=2e-5, rtol=1e-5)  # fp32 reassociation (online vs one-shot softmax) only

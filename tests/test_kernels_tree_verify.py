@@ -9,35 +9,19 @@ truncation; vocabularies that are not powers of two (37, 1000); fp32 and bf16 ta
 from __future__ import annotations
 
 import os
-
-# Triton decides interpreter vs compiler when triton.language is imported (its own tl.max etc. are
-# @jit functions) and when our kernels are decorated: set this before anything imports triton.
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from interpreter import needs_interpreter
 
 from peagle.kernels import tree_depths, tree_verify, tree_verify_torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _interpreter_ready() -> bool:
-    try:
-        import triton.language as tl
-    except ImportError:
-        return False
-    return type(tl.max).__name__ == "InterpretedFunction"
-
-
-needs_interpreter = pytest.mark.skipif(
-    not _interpreter_ready(),
-    reason="triton missing, or imported before TRITON_INTERPRET=1 was set (set it in the environment)",
-)
 IMPLS = ["torch", pytest.param("triton", marks=needs_interpreter)]
 TV_BOUND = 0.01  # total variation allowed; the sampling noise at these draw counts is ~0.003
 

@@ -8,7 +8,9 @@ Throughput of one cycle at batch size B with k drafts per row is B * E(k) / T(k,
     a_j     = P(draft j accepted | drafts 1..j-1 accepted), counted as the run goes
     T(k, B) = [k > 0] * D(k, B) + V(k + 1, B) + O(B)  seconds per cycle
     D       = drafter cost (grows with k for EAGLE-3, nearly flat for P-EAGLE)
-    V       = target cost of verifying k + 1 tokens
+    V       = target cost of verifying k + 1 tokens (V(1): a plain decoding step, measured on its
+              own: a one-token forward is cheaper than the line through n >= 2 says, by 10-20% on
+              CPUs, where batched multi-token verification is far from free)
     O       = the rest of the cycle (bookkeeping, streaming)
 
 D and V are straight lines fitted to the per-k medians of the last ``window`` cycles (one vote
@@ -16,9 +18,11 @@ per k) at the current batch size, or the nearest one measured; the first cycle a
 is a warm-up and not timed. Spans pool the acceptance seen at every k (``expected_tokens`` says why a per-cycle
 model misjudges bursty drafters such as n-gram copying); a_j are decayed counts with a prior
 (deeper positions shrink toward the position before them). k = 0 (a plain decoding cycle) is
-allowed: a drafter that is never right costs nothing. Every ``probe_every`` cycles one cycle drafts
-one or two tokens deeper or shallower than the choice, so the local slope of the costs and the
-acceptance around the choice stay measured (near the optimum such a probe costs next to nothing).
+allowed: a drafter that is never right costs nothing, and at a batch size where verifying k + 1
+tokens per row costs more than the drafts earn, the policy decodes plainly. Every ``probe_every``
+cycles one cycle drafts one or two tokens deeper or shallower than the choice, so the local slope of
+the costs and the acceptance around the choice stay measured (near the optimum such a probe costs
+next to nothing); every ``plain_every`` cycles one cycle is a plain step, which keeps V(1) measured.
 
 Worked example of the per-position form (P-EAGLE-like costs, ms): D(k) = 6 + 0.2k, V(n) = 50 + 0.5n, O = 2,
 a = 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, ...:
@@ -69,25 +73,31 @@ class DraftKPolicy:
             the same weight around the estimate of the position before them.
         probe_every: every this many cycles, draft a little deeper or shallower than the choice.
         spans: recent completed spans kept for E(k) (see ``expected_tokens``).
+        plain_every: every this many cycles, one plain step (k = 0) when min_k is 0, to measure
+            V(1); at most a 1 / plain_every share of cycles, a few percent of throughput at worst.
     """
 
     def __init__(self, max_k: int = 16, min_k: int = 0, window: int = 48, decay: float = 0.99,
-                 prior: tuple[float, float] = (1.0, 1.0), probe_every: int = 4, spans: int = 512):
+                 prior: tuple[float, float] = (1.0, 1.0), probe_every: int = 4, spans: int = 512,
+                 plain_every: int = 32):
         if not 0 <= min_k <= max_k or max_k < 1:
             raise ValueError(f"need 0 <= min_k <= max_k and max_k >= 1, got min_k={min_k}, max_k={max_k}")
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
         if probe_every < 2:
             raise ValueError(f"probe_every must be >= 2, got {probe_every}")
+        if plain_every < 2:
+            raise ValueError(f"plain_every must be >= 2, got {plain_every}")
         self.max_k, self.min_k, self.window, self.decay = max_k, min_k, window, decay
-        self.prior, self.probe_every = prior, probe_every
+        self.prior, self.probe_every, self.plain_every = prior, probe_every, plain_every
         self.tested = torch.zeros(max_k, dtype=torch.float64)  # [max_k] rows that reached draft j
         self.accepted = torch.zeros(max_k, dtype=torch.float64)  # [max_k] rows that accepted draft j
         # batch size -> k -> recent seconds
         # batch size -> the last `window` cycles as (k, seconds): recent only, because a cycle's cost
         # also grows with the context, so old samples at one k must not be set against new ones
         self._draft: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))
-        self._verify: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))
+        self._verify: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))  # k >= 1 only
+        self._plain: dict[int, deque] = defaultdict(lambda: deque(maxlen=4))  # V(1) seconds, k = 0 cycles
         self._other: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))
         self._slopes: dict[tuple[str, int], float] = {}  # (table, batch size) -> last slope measured
         self._spans: deque = deque(maxlen=spans)  # tokens per completed span (see expected_tokens)
@@ -170,15 +180,21 @@ class DraftKPolicy:
         return _typical(v0) - b * x0, b
 
     def cycle_time(self, batch_size: int) -> torch.Tensor | None:
-        """[max_k + 1] predicted seconds per cycle for k = 0..max_k, or None before any data."""
-        if not self._verify:
+        """[max_k + 1] predicted seconds per cycle for k = 0..max_k, or None before any cycle
+        that drafted was timed."""
+        if not any(self._verify.values()):
             return None
         va, vb = self._line("verify", self._verify, batch_size, 1)
         da, db = self._line("draft", self._draft, batch_size, 0)
         other = self._nearest(self._other, batch_size)
         o = _typical(self._other[other]) if other is not None else 0.0
         ks = torch.arange(self.max_k + 1, dtype=torch.float64)
-        return (ks > 0) * (da + db * ks) + va + vb * (ks + 1) + o
+        t = (ks > 0) * (da + db * ks) + va + vb * (ks + 1) + o
+        # A plain step measured at the batch size the line comes from replaces the extrapolation.
+        size = self._nearest(self._verify, batch_size)
+        if self._plain.get(size):
+            t[0] = _typical(self._plain[size]) + o
+        return t
 
     def best_k(self, batch_size: int) -> int:
         """argmax_k E(k) / T(k) over [min_k, max_k]; the seed schedule before costs are known."""
@@ -195,16 +211,20 @@ class DraftKPolicy:
         self._t_choose = time.perf_counter()
         # Seed: a warm-up cycle (not timed), then a middle and a shallow k before trusting the fit.
         # Modest on purpose: at batch 8 one cycle at k = 16 costs as much as three at k = 3.
-        seed = [min(self.max_k, 4), min(self.max_k, 8), max(self.min_k, 1)]
+        seed = [min(self.max_k, 4), min(self.max_k, 8), max(self.min_k, 1)] + ([0] if self.min_k == 0 else [])
         if self._cycles < len(seed):
             k = seed[self._cycles]
         else:
             if self._cycles % self.refit_every == 0 or batch_size not in self._best:
                 self._best[batch_size] = self.best_k(batch_size)  # the fit costs ~1 ms: not every cycle
             k = self._best[batch_size]
-            if self._cycles % self.probe_every == 0:  # probe around the choice: +1, -1, +2, -2, ...
-                step = (1, -1, 2, -2)[(self._cycles // self.probe_every) % 4]
+            # While decoding plainly, probe half as often: each probe then costs more than it earns.
+            every = self.probe_every * (2 if k == 0 else 1)
+            if self._cycles % every == 0:  # probe around the choice: +1, -1, +2, -2, ...
+                step = (1, -1, 2, -2)[(self._cycles // every) % 4]
                 k = min(self.max_k, max(self.min_k, 1, max(k, 1) + step))
+            elif self.min_k == 0 and k > 0 and self._cycles % self.plain_every == self.plain_every - 1:
+                k = 0  # keep V(1) measured
         self.history.append(k)
         return k
 
@@ -216,9 +236,11 @@ class DraftKPolicy:
         cycle_s = time.perf_counter() - self._t_choose if self._t_choose is not None else draft_s + verify_s
         self._t_choose = None
         if batch_size in self._seen_batch:
-            self._verify[batch_size].append((draft_k, verify_s))
             if draft_k > 0:
+                self._verify[batch_size].append((draft_k, verify_s))
                 self._draft[batch_size].append((draft_k, draft_s))
+            else:
+                self._plain[batch_size].append(verify_s)
             self._other[batch_size].append(max(cycle_s - draft_s - verify_s, 0.0))
         self._seen_batch.add(batch_size)
         self.tested.mul_(self.decay)

@@ -121,6 +121,37 @@ def test_cost_model_picks_zero_for_a_useless_drafter_and_deep_for_a_perfect_one(
     assert perfect.best_k(1) == 8
 
 
+def test_a_measured_plain_step_beats_the_extrapolated_one():
+    # CPU-like batch 8: verifying n >= 2 tokens per row costs 140 ms + 5 ms a token, a plain step
+    # 110 ms (cheaper than the line's 145 ms at n = 1); drafts are right 30% of the time at position 1.
+    def feed(policy, with_plain):
+        for k in (1, 2, 3):
+            _feed(policy, k, lambda k: 0.03, lambda k: 0.14 + 0.005 * (k + 1), lambda k: 1,
+                  batch=8, times=10)
+            _feed(policy, k, lambda k: 0.03, lambda k: 0.14 + 0.005 * (k + 1), lambda k: 0, batch=8, times=23)
+        if with_plain:
+            _feed(policy, 0, lambda k: 0.0, lambda k: 0.11, lambda k: 0, batch=8, times=3)
+
+    line_only, measured = DraftKPolicy(max_k=8), DraftKPolicy(max_k=8)
+    feed(line_only, False)
+    feed(measured, True)
+    assert line_only.best_k(8) >= 1  # 1.3 tokens in 175 ms beats the extrapolated 1 in 145 ms
+    assert measured.best_k(8) == 0  # ... but not the 110 ms actually measured
+    assert measured.cycle_time(8)[0].item() == pytest.approx(0.11)
+
+
+def test_plain_steps_are_probed_only_when_allowed():
+    policy = DraftKPolicy(max_k=8, plain_every=8)
+    _feed(policy, 4, lambda k: 0.001, lambda k: 0.05, lambda k: k, times=40)
+    assert policy.best_k(1) == 8 and policy.history[:4] == [4, 8, 1, 0]
+    assert policy.history[4:].count(0) == 5  # one plain step in every 8 cycles: 7, 15, 23, 31, 39
+    strict = DraftKPolicy(max_k=8, min_k=1, plain_every=8)
+    _feed(strict, 4, lambda k: 0.001, lambda k: 0.05, lambda k: k, times=40)
+    assert 0 not in strict.history
+    with pytest.raises(ValueError, match="plain_every"):
+        DraftKPolicy(plain_every=1)
+
+
 def test_cost_model_trades_acceptance_against_sequential_draft_cost():
     # acceptance 0.8 per position; EAGLE-3-like cost 10 ms per drafted token vs P-EAGLE-like flat 6 ms
     def accepted(k, a=0.8):

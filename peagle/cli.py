@@ -1,11 +1,14 @@
 """`peagle demo | bench | train | export`: each subcommand lives in its own module.
 
-A subcommand module defines ``add_arguments(parser)`` and ``run(args) -> int``.
+A subcommand module defines ``add_arguments(parser)`` and ``run(args) -> int``. A ValueError from
+a subcommand is a bad argument: it is printed as a usage error (exit status 2), without the
+traceback unless PEAGLE_TRACEBACK=1.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 SUBCOMMANDS = {
@@ -19,9 +22,9 @@ SUBCOMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="peagle", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    modules = {}
+    modules, parsers = {}, {}
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_text)
+        p = parsers[name] = sub.add_parser(name, help=help_text)
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -33,7 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command not in modules:
         parser.error(f"`peagle {args.command}` is not available in this build")
-    return int(modules[args.command].run(args) or 0)
+    try:
+        return int(modules[args.command].run(args) or 0)
+    except ValueError as exc:
+        if os.environ.get("PEAGLE_TRACEBACK"):
+            raise
+        parsers[args.command].error(str(exc))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ identical to plain decoding, checked token by token. Trained heads are used when
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -23,7 +24,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-k", dest="draft_k", help="one draft_k for every drafting arm, or auto (default: EAGLE-3 3, P-EAGLE 7, n-gram 7)")
     p.add_argument("--model", default="embedded", help="embedded (default) or tiny (a random model, for tests)")
     p.add_argument("--dtype", default=None, help="bfloat16 (default for the embedded model) or float32 (token-identical arms)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice; 1 on a busy machine)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads (default: the cores other processes leave idle, at least 1)")
+
+
+def idle_cores(cores: int, load: float) -> int:
+    """Cores the last minute's load average leaves free, at least 1. OpenMP threads that share a
+    core with another busy process wait at every barrier: on a busy 2-core machine a 2-thread
+    decode step ran up to 8x slower than a 1-thread one (docs/benchmarks.md)."""
+    return max(1, min(cores, cores - round(load)))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,8 +48,12 @@ def run(args: argparse.Namespace) -> int:
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()  # the weight-loading bar: our own bar is enough
+    if args.threads < 0:
+        raise ValueError(f"--threads must be >= 0 (0: the idle cores), got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    elif hasattr(os, "getloadavg"):
+        torch.set_num_threads(idle_cores(torch.get_num_threads(), os.getloadavg()[0]))
     t_start = time.perf_counter()
     print(f"loading the {args.model} target ...", file=sys.stderr)
     dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if args.model == "embedded" else torch.float32

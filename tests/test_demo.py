@@ -28,3 +28,16 @@ def test_demo_table_checks_identity_and_names_random_heads(capsys):
     assert [r.split(" | ")[1] for r in rows] == ["-", "3", "7", "7"]
     assert "random-init head: acceptance is meaningless" in out
     assert "Start of one answer (P-EAGLE" in out
+
+
+def test_demo_threads_default_to_the_idle_cores():
+    from peagle.demo import idle_cores
+    assert idle_cores(2, 0.0) == 2 and idle_cores(2, 1.1) == 1 and idle_cores(2, 3.0) == 1
+    assert idle_cores(16, 4.4) == 12 and idle_cores(4, -1.0) == 4
+
+
+def test_bad_arguments_are_usage_errors_not_tracebacks(capsys):
+    from peagle.cli import main
+    with pytest.raises(SystemExit) as err:
+        main(["demo", "--model", "tiny", "--threads", "-1"])
+    assert err.value.code == 2 and "--threads must be >= 0" in capsys.readouterr().err

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     plain_otps = sum(c.new_tokens for c in plain) / sum(c.wall_s for c in plain)
     lines = [f"peagle demo: {args.model} target ({str(dtype).replace('torch.', '')}), {len(prompts)} prompts "
              f"({args.per_dataset} HumanEval + {args.per_dataset} MT-Bench, chat template), greedy, "
-             f"{args.max_new_tokens} new tokens max, {torch.get_num_threads()} threads", ""]
+             f"{args.max_new_tokens} new tokens max, {torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''}", ""]
     for kind, h in heads.items():
         lines.append(f"{LABELS[kind]} head: {h.source}")
     lines += ["", "| Arm | draft_k | Tokens/s | Acceptance length | Speed-up over plain | Identical to plain |",

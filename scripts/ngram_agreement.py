@@ -13,37 +13,22 @@ import argparse
 import collections
 import json
 
-from datasets import load_from_disk
-
-from peagle.train.data import parse_shards, shard_dir, shard_metadata
-
-
-def answers(data: str, shards: str, max_len: int):
-    """(ids, prompt_len) per sequence of the shards, cut to max_len as training cuts them."""
-    for meta in shard_metadata(data, parse_shards(shards)):
-        ds = load_from_disk(str(shard_dir(data, meta["shard"])))
-        for ids, p in zip(ds["input_ids"], ds["prompt_len"]):
-            yield list(ids)[:max_len], int(p)
+from peagle.train.data import answer_rows, shard_spec
 
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True)
-    ap.add_argument("--train-shards", required=True)
-    ap.add_argument("--heldout-shards", required=True)
+    ap.add_argument("--train-shards", required=True, type=shard_spec)
+    ap.add_argument("--heldout-shards", required=True, type=shard_spec)
     ap.add_argument("--max-len", type=int, default=1024)
     args = ap.parse_args(argv)
-    for name in ("train_shards", "heldout_shards"):
-        try:
-            parse_shards(getattr(args, name))
-        except ValueError as err:
-            ap.error(f"--{name.replace('_', '-')}: {err}")
     if args.max_len < 2:
         ap.error(f"--max-len must be >= 2, got {args.max_len}")
 
     bigram: dict = collections.defaultdict(collections.Counter)
     trigram: dict = collections.defaultdict(collections.Counter)
-    for ids, p in answers(args.data, args.train_shards, args.max_len):
+    for _, ids, p in answer_rows(args.data, args.train_shards, args.max_len):
         for t in range(max(p - 1, 1), len(ids) - 1):  # successors that are answer tokens
             bigram[ids[t]][ids[t + 1]] += 1
             trigram[ids[t - 1], ids[t]][ids[t + 1]] += 1
@@ -51,7 +36,7 @@ def main(argv: list[str] | None = None) -> dict:
     best3 = {k: c.most_common(1)[0][0] for k, c in trigram.items()}
 
     n = hit2 = hit3 = 0
-    for ids, p in answers(args.data, args.heldout_shards, args.max_len):
+    for _, ids, p in answer_rows(args.data, args.heldout_shards, args.max_len):
         for t in range(p, len(ids) - 1):  # x_t known (x_{a+1}), x_{t+1} predicted, both in the answer
             n += 1
             hit2 += best2.get(ids[t]) == ids[t + 1]

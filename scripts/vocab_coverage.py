@@ -14,17 +14,7 @@ import argparse
 import collections
 import json
 
-from datasets import load_from_disk
-
-from peagle.train.data import parse_shards, shard_dir, shard_metadata
-
-
-def answer_tokens(data: str, shards: str, max_len: int):
-    """(source, answer ids) per sequence of the shards, cut to max_len as training cuts them."""
-    for meta in shard_metadata(data, parse_shards(shards)):
-        ds = load_from_disk(str(shard_dir(data, meta["shard"])))
-        for source, ids, p in zip(ds["source"], ds["input_ids"], ds["prompt_len"]):
-            yield source, list(ids)[int(p):max_len]
+from peagle.train.data import answer_rows, shard_spec
 
 
 def coverage(vocab: set[int], heldout: list[tuple[str, list[int]]]) -> dict:
@@ -42,27 +32,24 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True)
     ap.add_argument("--vocab", help="draft_vocab_N.json a head was trained with (its used_ids)")
-    ap.add_argument("--train-shards", required=True, help="shards the N-most-frequent vocabularies are counted on")
-    ap.add_argument("--heldout-shards", required=True)
+    ap.add_argument("--train-shards", required=True, type=shard_spec, help="shards the N-most-frequent vocabularies are counted on")
+    ap.add_argument("--heldout-shards", required=True, type=shard_spec)
     ap.add_argument("--sizes", default="4096,6144,8192,12288", help="comma-separated vocabulary sizes N >= 1")
     ap.add_argument("--max-len", type=int, default=1024)
     args = ap.parse_args(argv)
-    for name in ("train_shards", "heldout_shards"):
-        try:
-            parse_shards(getattr(args, name))
-        except ValueError as err:
-            ap.error(f"--{name.replace('_', '-')}: {err}")
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     except ValueError:
         sizes = []
     if not sizes or min(sizes) < 1:
         ap.error(f"--sizes must be comma-separated integers >= 1, got {args.sizes!r}")
+    if args.max_len < 1:
+        ap.error(f"--max-len must be >= 1, got {args.max_len}")
 
     counts = collections.Counter()
-    for _, ids in answer_tokens(args.data, args.train_shards, args.max_len):
-        counts.update(ids)
-    heldout = list(answer_tokens(args.data, args.heldout_shards, args.max_len))
+    for _, ids, p in answer_rows(args.data, args.train_shards, args.max_len):
+        counts.update(ids[p:])
+    heldout = [(source, ids[p:]) for source, ids, p in answer_rows(args.data, args.heldout_shards, args.max_len)]
     if not any(ids for _, ids in heldout):
         ap.error(f"--heldout-shards {args.heldout_shards}: no answer tokens")
     result = {"train_shards": args.train_shards, "heldout_shards": args.heldout_shards,

@@ -17,8 +17,10 @@ def test_coverage_counts_tokens_overall_and_per_source():
     assert vocab_coverage.coverage(set(), heldout)["all"] == 0.0
 
 
-@pytest.mark.parametrize("sizes", ["0", "a,b", ""])
-def test_bad_sizes_are_refused(sizes, capsys):
+@pytest.mark.parametrize("option, value", [("--sizes", "0"), ("--sizes", "a,b"), ("--sizes", ""),
+                                           ("--max-len", "0"), ("--heldout-shards", "3-1")])
+def test_bad_arguments_are_refused(option, value, capsys):
+    argv = {"--data": "nowhere", "--train-shards": "0", "--heldout-shards": "1", option: value}
     with pytest.raises(SystemExit) as err:
-        vocab_coverage.main(["--data", "nowhere", "--train-shards", "0", "--heldout-shards", "1", "--sizes", sizes])
-    assert err.value.code == 2 and "--sizes" in capsys.readouterr().err
+        vocab_coverage.main([x for kv in argv.items() for x in kv])
+    assert err.value.code == 2 and option in capsys.readouterr().err

@@ -231,6 +231,28 @@ def parse_shards(spec: str | None) -> set[int] | None:
     return out
 
 
+def shard_spec(spec: str) -> str:
+    """argparse ``type=`` for a shard option: the spec itself once ``parse_shards`` accepts it."""
+    import argparse
+
+    try:
+        parse_shards(spec)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return spec
+
+
+def answer_rows(data: str | Path, shards: str | None, max_len: int):
+    """(source, ids, prompt_len) per sequence of the shards' complete data, ids cut to max_len as
+    training cuts them; the answer is ``ids[prompt_len:]``. For analyses of the regenerated text."""
+    from datasets import load_from_disk
+
+    for meta in shard_metadata(data, parse_shards(shards)):
+        ds = load_from_disk(str(shard_dir(data, meta["shard"])))
+        for source, ids, p in zip(ds["source"], ds["input_ids"], ds["prompt_len"]):
+            yield source, list(ids)[:max_len], int(p)
+
+
 def shard_metadata(out: str | Path, shards: set[int] | None = None) -> list[dict]:
     """Metadata of every complete shard of a data directory (only those in ``shards`` when given)."""
     metas = []

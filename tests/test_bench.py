@@ -128,6 +128,18 @@ def test_seed_table_ratios_compare_best_with_best():
     assert "1.00x" in report.auto_table(rows) or "3.33x" in report.auto_table(rows)
 
 
+def test_auto_table_pairs_the_repeats():
+    # The machine halved its speed in repeat 2 for both arms, and slowed in repeat 3 for auto alone:
+    # paired, two of three repeats say 0.96x; the ratio of medians (96 / 150) says 0.64x.
+    fixed = dict(_row("eagle3", 3, 4, 150.0), otps_all=[200.0, 100.0, 150.0])
+    auto = dict(_row("eagle3", "auto", 4, 96.0), otps_all=[192.0, 96.0, 96.0])
+    assert "| 0.96x | yes |" in report.auto_table([fixed, auto])
+    auto["otps_all"] = [150.0, 70.0, 110.0]  # 0.75x, 0.70x, 0.73x
+    assert "| 0.73x | no |" in report.auto_table([fixed, auto])
+    del auto["otps_all"]  # no per-repeat figures: the ratio of medians
+    assert "| 0.64x | no |" in report.auto_table([fixed, auto])
+
+
 def test_random_heads_are_used_and_named_until_trained_ones_exist(monkeypatch):
     target = tiny_target()
     head = load_head("peagle", target, allow_trained=False)

@@ -24,6 +24,14 @@ cycles one cycle drafts one or two tokens deeper or shallower than the choice, s
 the costs and the acceptance around the choice stay measured (near the optimum such a probe costs
 next to nothing); every ``plain_every`` cycles one cycle is a plain step, which keeps V(1) measured.
 
+A batch of rows that share a budget finishes with its slowest row: a cycle costs T(k, B) whichever
+rows gain from it, and a row whose drafts are rarely right needs more cycles than the mean. So when
+generate() passes each row's remaining budget r_b, the policy minimises the batch's time to finish,
+T(k, B) * max_b r_b / E_b(k), with E_b(k) from row b's own spans in this call, shrunk toward the
+pooled E(k) (``row_prior`` pooled spans' worth). At batch size 1 this is the per-row rate above.
+On this CPU (a cycle at batch 4 costs about 0.8x batch 8's) the bottleneck row is what separates
+drafting from plain decoding when their mean rates are within a few percent.
+
 Worked example of the per-position form (P-EAGLE-like costs, ms): D(k) = 6 + 0.2k, V(n) = 50 + 0.5n, O = 2,
 a = 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, ...:
     k=0: E=1.00, T=52.5 -> 19.0 tok/s per row       k=4: E=2.86, T=61.3 -> 46.7
@@ -75,11 +83,12 @@ class DraftKPolicy:
         spans: recent completed spans kept for E(k) (see ``expected_tokens``).
         plain_every: every this many cycles, one plain step (k = 0) when min_k is 0, to measure
             V(1); at most a 1 / plain_every share of cycles, a few percent of throughput at worst.
+        row_prior: weight, in spans, of the pooled spans in each row's own E_b(k).
     """
 
     def __init__(self, max_k: int = 16, min_k: int = 0, window: int = 48, decay: float = 0.99,
                  prior: tuple[float, float] = (1.0, 1.0), probe_every: int = 4, spans: int = 512,
-                 plain_every: int = 32):
+                 plain_every: int = 32, row_prior: float = 8.0):
         if not 0 <= min_k <= max_k or max_k < 1:
             raise ValueError(f"need 0 <= min_k <= max_k and max_k >= 1, got min_k={min_k}, max_k={max_k}")
         if not 0.0 < decay <= 1.0:
@@ -90,6 +99,9 @@ class DraftKPolicy:
             raise ValueError(f"plain_every must be >= 2, got {plain_every}")
         self.max_k, self.min_k, self.window, self.decay = max_k, min_k, window, decay
         self.prior, self.probe_every, self.plain_every = prior, probe_every, plain_every
+        if row_prior <= 0:
+            raise ValueError(f"row_prior must be > 0, got {row_prior}")
+        self.row_prior = row_prior
         self.tested = torch.zeros(max_k, dtype=torch.float64)  # [max_k] rows that reached draft j
         self.accepted = torch.zeros(max_k, dtype=torch.float64)  # [max_k] rows that accepted draft j
         # batch size -> k -> recent seconds
@@ -102,6 +114,7 @@ class DraftKPolicy:
         self._slopes: dict[tuple[str, int], float] = {}  # (table, batch size) -> last slope measured
         self._spans: deque = deque(maxlen=spans)  # tokens per completed span (see expected_tokens)
         self._open: dict[int, int] = {}  # row -> tokens of its span so far
+        self._row_spans: dict = defaultdict(list)  # row -> its completed spans in this generate() call
         self.min_spans = 16
         self.refit_every = 4
         self._best: dict[int, int] = {}  # batch size -> last best_k
@@ -148,6 +161,22 @@ class DraftKPolicy:
         k = torch.arange(self.max_k + 1, dtype=torch.float64)
         cycles = torch.ceil(spans[None, :] / (k[:, None] + 1)).sum(1)  # [max_k + 1]
         return spans.sum() / cycles
+
+    def row_expected_tokens(self, rows) -> torch.Tensor | None:
+        """[len(rows), max_k + 1] E_b(k) per row: its spans in this call plus ``row_prior`` spans of
+        the pooled mean (so a row with few spans looks like the pool); None before ``min_spans``."""
+        if len(self._spans) < self.min_spans:
+            return None
+        k = torch.arange(self.max_k + 1, dtype=torch.float64)
+        pooled = torch.tensor(list(self._spans), dtype=torch.float64)  # [S]
+        pooled_tokens = pooled.mean()
+        pooled_cycles = torch.ceil(pooled[None, :] / (k[:, None] + 1)).mean(1)  # [max_k + 1]
+        out = []
+        for row in rows:
+            own = torch.tensor(self._row_spans.get(row, []), dtype=torch.float64)  # [S_b]
+            cycles = torch.ceil(own[None, :] / (k[:, None] + 1)).sum(1)  # [max_k + 1]
+            out.append((own.sum() + self.row_prior * pooled_tokens) / (cycles + self.row_prior * pooled_cycles))
+        return torch.stack(out)
 
     @staticmethod
     def _nearest(table: dict, batch_size: int):
@@ -196,18 +225,29 @@ class DraftKPolicy:
             t[0] = _typical(self._plain[size]) + o
         return t
 
-    def best_k(self, batch_size: int) -> int:
-        """argmax_k E(k) / T(k) over [min_k, max_k]; the seed schedule before costs are known."""
+    def best_k(self, batch_size: int, remaining: dict | None = None) -> int:
+        """argmax_k E(k) / T(k) over [min_k, max_k]; max_k before costs are known.
+
+        With ``remaining`` (row -> tokens it may still emit) the batch's finishing rate instead:
+        1 / (T(k) * max_b r_b / E_b(k)), so the row that needs the most cycles sets the choice.
+        """
         t = self.cycle_time(batch_size)
         if t is None:
             return self.max_k
-        rate = self.expected_tokens() / t.clamp_min(1e-9)
+        per_row = self.row_expected_tokens(list(remaining)) if remaining else None
+        if per_row is None:
+            rate = self.expected_tokens() / t.clamp_min(1e-9)
+        else:
+            left = torch.tensor([max(r, 1) for r in remaining.values()], dtype=torch.float64)  # [R]
+            cycles_to_finish = (left[:, None] / per_row).amax(0)  # [max_k + 1]
+            rate = 1.0 / (cycles_to_finish * t.clamp_min(1e-9))
         rate[: self.min_k] = -1.0
         return int(rate.argmax())
 
     # -- the hooks generate() calls ---------------------------------------------------
-    def choose(self, batch_size: int) -> int:
-        """draft_k for the next cycle at this batch size."""
+    def choose(self, batch_size: int, remaining: dict | None = None) -> int:
+        """draft_k for the next cycle at this batch size; ``remaining``: row -> tokens it may still
+        emit (the rows' identities as ``observe`` gets them), or None to rate rows alike."""
         self._t_choose = time.perf_counter()
         # Seed: a warm-up cycle (not timed), then a middle and a shallow k before trusting the fit.
         # Modest on purpose: at batch 8 one cycle at k = 16 costs as much as three at k = 3.
@@ -216,7 +256,7 @@ class DraftKPolicy:
             k = seed[self._cycles]
         else:
             if self._cycles % self.refit_every == 0 or batch_size not in self._best:
-                self._best[batch_size] = self.best_k(batch_size)  # the fit costs ~1 ms: not every cycle
+                self._best[batch_size] = self.best_k(batch_size, remaining)  # ~1 ms: not every cycle
             k = self._best[batch_size]
             # While decoding plainly, probe half as often: each probe then costs more than it earns.
             every = self.probe_every * (2 if k == 0 else 1)
@@ -253,7 +293,9 @@ class DraftKPolicy:
                 elif accepted == draft_k:  # all accepted: the span goes on into the next cycle
                     self._open[row] = self._open.get(row, 0) + accepted + 1
                 else:
-                    self._spans.append(self._open.pop(row, 0) + accepted + 1)
+                    span = self._open.pop(row, 0) + accepted + 1
+                    self._spans.append(span)
+                    self._row_spans[row].append(span)
         if draft_k > 0:
             j = torch.arange(1, draft_k + 1)
             # Draft j was judged when drafts 1..j-1 were all accepted, i.e. n >= j - 1.
@@ -263,6 +305,7 @@ class DraftKPolicy:
     def start(self) -> None:
         """A new generate() call: rows are new, open spans end unrecorded."""
         self._open.clear()
+        self._row_spans.clear()
 
     def summary(self) -> dict:
         """Mean chosen k and the current per-position acceptance (for reports)."""

@@ -194,7 +194,11 @@ def generate(
                 break
             select(keep_rows)
         remaining = max(max_new_tokens - len(rows.outputs[b]) for b in active)
-        k = min(k_max if policy is None else policy.choose(len(active)), remaining - 1)
+        if policy is None:
+            k = k_max
+        else:
+            k = policy.choose(len(active), {b: max_new_tokens - len(rows.outputs[b]) for b in active})
+        k = min(k, remaining - 1)
         # 2-3. draft and verify (a chain, or a tree of candidates), 5. roll back the target
         step_ctx = DraftStep(**pending, history=history, history_lens=history_lens, sampling=params, generator=generator)
         if tree is not None and k > 0:

@@ -38,7 +38,7 @@ class ScriptedPolicy(DraftKPolicy):
         self.schedule = schedule
         self.observed = []
 
-    def choose(self, batch_size):
+    def choose(self, batch_size, remaining=None):
         k = self.schedule[len(self.history) % len(self.schedule)]
         self.history.append(k)
         return k
@@ -216,3 +216,27 @@ def test_rows_leaving_and_new_calls_keep_spans_apart():
     assert list(policy._spans) == [2, 4, 2]
     policy.observe(0, 1, 0.0, 0.0, torch.tensor([0]), rows=[0])  # k = 0 tells nothing
     assert list(policy._spans) == [2, 4, 2]
+
+
+def test_the_row_that_needs_most_cycles_sets_the_batch_choice():
+    # Batch 2 at k = 5: row 0's first 4 drafts are right (spans of 5 tokens), row 1's never (spans
+    # of 1). A drafting cycle costs 1.5x a plain step; the mean row emits 3 tokens a cycle, row 1 one.
+    policy = DraftKPolicy(max_k=5)
+    for _ in range(60):
+        policy.choose(2)
+        policy.observe(5, 2, 0.01, 0.14, torch.tensor([4, 0]), rows=[0, 1])
+    for _ in range(3):
+        policy.choose(2)
+        policy.observe(0, 2, 0.0, 0.10, torch.tensor([0, 0]), rows=[0, 1])
+    assert policy.best_k(2) >= 4  # pooled spans: drafting looks 2x better (k = 4 drafts them all)
+    # Equal budgets: row 1 needs as many cycles at any k, so drafting only makes each cycle dearer.
+    assert policy.best_k(2, {0: 30, 1: 30}) == 0
+    # Row 1 is nearly done: row 0 is the bottleneck and drafting pays again.
+    assert policy.best_k(2, {0: 30, 1: 2}) >= 4
+    # A row with no spans of its own in this call looks like the pool.
+    E = policy.row_expected_tokens([7])
+    assert E[0, 5].item() == pytest.approx(policy.expected_tokens()[5].item())
+    policy.start()  # a new call: rows' own spans are forgotten, the pool is kept
+    assert policy.best_k(2, {0: 30, 1: 30}) >= 4
+    with pytest.raises(ValueError, match="row_prior"):
+        DraftKPolicy(row_prior=0)

@@ -28,9 +28,11 @@ A batch of rows that share a budget finishes with its slowest row: a cycle costs
 rows gain from it, and a row whose drafts are rarely right needs more cycles than the mean. So when
 generate() passes each row's remaining budget r_b, the policy minimises the batch's time to finish,
 T(k, B) * max_b r_b / E_b(k), with E_b(k) from row b's own spans in this call, shrunk toward the
-pooled E(k) (``row_prior`` pooled spans' worth). At batch size 1 this is the per-row rate above.
-On this CPU (a cycle at batch 4 costs about 0.8x batch 8's) the bottleneck row is what separates
-drafting from plain decoding when their mean rates are within a few percent.
+pooled E(k) (``row_prior`` pooled spans' worth). At batch size 1 this is the rate above, read
+from the current prompt's own spans as they accumulate.
+Rows that finish early barely lower the cost of the cycles left (on the 2-core CPU of
+docs/benchmarks.md one target step for 1 row costs 0.7x one for 8 rows), and the slowest row
+decides between drafting and plain decoding when their mean rates are within a few percent.
 
 Worked example of the per-position form (P-EAGLE-like costs, ms): D(k) = 6 + 0.2k, V(n) = 50 + 0.5n, O = 2,
 a = 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, ...:

@@ -63,6 +63,39 @@ def test_prompts_file_and_arm_selection(tmp_path, capsys):
     assert [(r["arm"], r["draft_k"], r["dataset"]) for r in rows] == [("plain", 0, "mine"), ("ngram", 2, "mine")]
 
 
+def test_an_interrupted_run_redoes_only_the_groups_it_lacks(tmp_path, capsys, monkeypatch):
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text('{"prompt": "def add(a, b):"}\n{"prompt": "Name three colours."}\n')
+    out = tmp_path / "out"
+    argv = ["--quick", "--datasets", "", "--prompts", str(prompts), "--arms", "plain,ngram", "--draft-k", "2",
+            "--batch-sizes", "1,2", "--temperatures", "0", "--out", str(out)]
+    assert bench.main(argv) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
+    journal = out / "partial.jsonl"
+    lines = journal.read_text().splitlines(keepends=True)
+    assert len(lines) == 3  # settings, batch 1, batch 2
+    # killed while writing batch 2's record: half a line
+    journal.write_text("".join(lines[:2]) + lines[2][: len(lines[2]) // 2])
+    ran = []
+    real = bench.run_group
+
+    def counting(*a, **kw):
+        ran.append(kw["batch_size"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(bench, "run_group", counting)
+    assert bench.main(argv) == 0
+    captured = capsys.readouterr()
+    assert ran == [2] and "1 group(s) already measured" in captured.err
+    doc = json.loads(captured.out.strip().splitlines()[-1])
+    assert [(r["label"], r["batch_size"]) for r in doc["rows"]] == [(r["label"], r["batch_size"]) for r in first]
+    assert [r["otps"] for r in doc["rows"] if r["batch_size"] == 1] == [r["otps"] for r in first if r["batch_size"] == 1]
+    assert any(n.startswith("resumed: 1 group") for n in doc["notes"])
+    assert len(journal.read_text().splitlines()) == 3  # the torn line was replaced, not appended to
+    with pytest.raises(SystemExit, match="other settings"):
+        bench.main(argv[:-4] + ["--temperatures", "0.7", "--out", str(out)])
+
+
 def test_count_emitted_stops_after_the_first_eos():
     assert count_emitted([5, 6, 2, 2, 2], {2}) == [5, 6, 2]
     assert count_emitted([5, 6, 7], {2}) == [5, 6, 7]

@@ -6,7 +6,9 @@
     peagle bench --quick                          # seconds, on a tiny random model (smoke test)
 
 Prints the human tables first and, as its last stdout line, one JSON document with every row;
-writes report.md, rows.csv, rows.json and three PNG plots under --out.
+writes report.md, rows.csv, rows.json and three PNG plots under --out. Each finished group
+(dataset, temperature, batch size) is appended to --out's partial.jsonl as it ends, so an
+interrupted run started again with the same command and --out redoes only the groups it lacks.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import time
 from pathlib import Path
 
 from .arms import ARMS, ArmRunner
-from .sweep import SweepConfig, count_runs, run_group
+from .journal import Journal
+from .sweep import SweepConfig, chunks, count_runs, run_group
 
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32",
           "float16": "float16", "fp16": "float16"}
@@ -139,14 +142,24 @@ def _run(args: argparse.Namespace) -> int:
         if not source.startswith("trained") and kind != "ngram":
             print(f"warning: {kind}: {source}", file=sys.stderr)
 
+    journal = Journal(out_dir / "partial.jsonl", {k: v for k, v in meta.items() if k not in ("command", "machine")})
     rows, notes = [], []
+    if journal.done:
+        print(f"resuming {journal.path}: {len(journal.done)} group(s) already measured", file=sys.stderr)
+        notes.append(f"resumed: {len(journal.done)} group(s) come from an earlier process ({journal.path.name})")
     with tqdm(total=count_runs(cfg, [len(p) for p in prompts.values()]), desc="bench", unit="call", file=sys.stderr) as bar:
         for name, ids in prompts.items():
             for temperature in cfg.temperatures:
                 for batch_size in cfg.batch_sizes:
-                    bar.set_postfix_str(f"{name} T={temperature:g} B={batch_size}")
-                    r, n = run_group(runner, cfg, ids, dataset=name, temperature=temperature,
-                                     batch_size=batch_size, progress=bar)
+                    key = (name, temperature, batch_size)
+                    if key in journal.done:
+                        r, n = journal.done[key]
+                        bar.update(len(cfg.specs()) * cfg.repeats * len(chunks(ids, batch_size)))
+                    else:
+                        bar.set_postfix_str(f"{name} T={temperature:g} B={batch_size}")
+                        r, n = run_group(runner, cfg, ids, dataset=name, temperature=temperature,
+                                         batch_size=batch_size, progress=bar)
+                        journal.add(key, r, n)
                     rows += r
                     notes += n
     notes += [f"{kind}: {source}" for kind, source in heads.items() if "random-init" in source]

@@ -25,8 +25,9 @@ the costs and the acceptance around the choice stay measured (near the optimum s
 next to nothing); every ``plain_every`` cycles one cycle is a plain step, which keeps V(1) measured.
 
 A batch of rows that share a budget finishes with its slowest row: a cycle costs T(k, B) whichever
-rows gain from it, and a row whose drafts are rarely right needs more cycles than the mean. So when
-generate() passes each row's remaining budget r_b, the policy minimises the batch's time to finish,
+rows gain from it, and a row whose drafts are rarely right needs more cycles than the mean. With
+``slowest_row=True`` (opt-in: not yet benchmarked on a quiet machine, docs/benchmarks.md) and each
+row's remaining budget r_b, which generate() passes, the policy minimises the batch's time to finish,
 T(k, B) * max_b r_b / E_b(k), with E_b(k) from row b's own spans in this call, shrunk toward the
 pooled E(k) (``row_prior`` pooled spans' worth). At batch size 1 this is the rate above, read
 from the current prompt's own spans as they accumulate.
@@ -85,12 +86,14 @@ class DraftKPolicy:
         spans: recent completed spans kept for E(k) (see ``expected_tokens``).
         plain_every: every this many cycles, one plain step (k = 0) when min_k is 0, to measure
             V(1); at most a 1 / plain_every share of cycles, a few percent of throughput at worst.
+        slowest_row: rate a batch by the row that needs the most cycles to finish (its own spans in
+            this call) rather than by the mean row; see the module docstring.
         row_prior: weight, in spans, of the pooled spans in each row's own E_b(k).
     """
 
     def __init__(self, max_k: int = 16, min_k: int = 0, window: int = 48, decay: float = 0.99,
                  prior: tuple[float, float] = (1.0, 1.0), probe_every: int = 4, spans: int = 512,
-                 plain_every: int = 32, row_prior: float = 8.0):
+                 plain_every: int = 32, slowest_row: bool = False, row_prior: float = 8.0):
         if not 0 <= min_k <= max_k or max_k < 1:
             raise ValueError(f"need 0 <= min_k <= max_k and max_k >= 1, got min_k={min_k}, max_k={max_k}")
         if not 0.0 < decay <= 1.0:
@@ -103,7 +106,7 @@ class DraftKPolicy:
         self.prior, self.probe_every, self.plain_every = prior, probe_every, plain_every
         if row_prior <= 0:
             raise ValueError(f"row_prior must be > 0, got {row_prior}")
-        self.row_prior = row_prior
+        self.slowest_row, self.row_prior = slowest_row, row_prior
         self.tested = torch.zeros(max_k, dtype=torch.float64)  # [max_k] rows that reached draft j
         self.accepted = torch.zeros(max_k, dtype=torch.float64)  # [max_k] rows that accepted draft j
         # batch size -> k -> recent seconds
@@ -230,13 +233,14 @@ class DraftKPolicy:
     def best_k(self, batch_size: int, remaining: dict | None = None) -> int:
         """argmax_k E(k) / T(k) over [min_k, max_k]; max_k before costs are known.
 
-        With ``remaining`` (row -> tokens it may still emit) the batch's finishing rate instead:
-        1 / (T(k) * max_b r_b / E_b(k)), so the row that needs the most cycles sets the choice.
+        With ``slowest_row`` and ``remaining`` (row -> tokens it may still emit) the batch's
+        finishing rate instead: 1 / (T(k) * max_b r_b / E_b(k)), so the row that needs the most
+        cycles sets the choice.
         """
         t = self.cycle_time(batch_size)
         if t is None:
             return self.max_k
-        per_row = self.row_expected_tokens(list(remaining)) if remaining else None
+        per_row = self.row_expected_tokens(list(remaining)) if remaining and self.slowest_row else None
         if per_row is None:
             rate = self.expected_tokens() / t.clamp_min(1e-9)
         else:

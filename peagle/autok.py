@@ -320,11 +320,12 @@ class DraftKPolicy:
                 "acceptance": [round(x, 3) for x in self.acceptance().tolist()]}
 
 
-def make_policy(draft_k, drafter) -> DraftKPolicy:
-    """``"auto"`` -> a fresh DraftKPolicy sized for the drafter; a DraftKPolicy passes through."""
+def make_policy(draft_k, drafter, **options) -> DraftKPolicy:
+    """``"auto"`` -> a fresh DraftKPolicy sized for the drafter (``options``: its other arguments);
+    a DraftKPolicy passes through."""
     if isinstance(draft_k, DraftKPolicy):
         return draft_k
     if draft_k == "auto":
         limit = getattr(drafter, "max_draft_k", None)
-        return DraftKPolicy(max_k=min(16, limit) if limit else 16)
+        return DraftKPolicy(max_k=min(16, limit) if limit else 16, **options)
     raise ValueError(f"draft_k must be an integer >= 1, \"auto\" or a peagle.autok.DraftKPolicy, got {draft_k!r}")

@@ -9,7 +9,7 @@ import torch
 
 import peagle
 from peagle import bench
-from peagle.bench import report
+from peagle.bench import report, sweep
 from peagle.bench.arms import ArmRunner, ArmSpec, count_emitted, first_divergence
 from peagle.bench.models import RANDOM_HEAD_WARNING, load_head, tiny_target
 from peagle.bench.sweep import SweepConfig, chunks
@@ -94,6 +94,26 @@ def test_an_interrupted_run_redoes_only_the_groups_it_lacks(tmp_path, capsys, mo
     assert len(journal.read_text().splitlines()) == 3  # the torn line was replaced, not appended to
     with pytest.raises(SystemExit, match="other settings"):
         bench.main(argv[:-4] + ["--temperatures", "0.7", "--out", str(out)])
+
+
+def test_auto_slowest_row_reaches_the_policies(tmp_path, capsys, monkeypatch):
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text('{"prompt": "def add(a, b):"}\n{"prompt": "Name three colours."}\n')
+    made = []
+    real = sweep.make_policy
+
+    def recording(*a, **kw):
+        made.append(real(*a, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(sweep, "make_policy", recording)
+    argv = ["--quick", "--datasets", "", "--prompts", str(prompts), "--arms", "plain,ngram", "--draft-k", "auto",
+            "--batch-sizes", "2", "--temperatures", "0", "--auto-slowest-row", "--out", str(tmp_path / "out")]
+    assert bench.main(argv) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["meta"]["config"]["auto_slowest_row"] is True
+    assert made and all(p.slowest_row for p in made)
+    assert all(r["identical_to_plain"] == 1.0 for r in doc["rows"])
 
 
 def test_count_emitted_stops_after_the_first_eos():

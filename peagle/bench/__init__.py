@@ -55,6 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peagle-head", help="trained P-EAGLE head for peagle.load_drafter (default: the shipped one)")
     p.add_argument("--eagle3-head", help="trained EAGLE-3 head for peagle.load_drafter (default: the shipped one)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice; --quick 1)")
+    p.add_argument("--auto-slowest-row", dest="slowest_row", action="store_true",
+                   help="draft_k=auto rates a batch by its slowest row (peagle.autok.DraftKPolicy(slowest_row=True))")
     p.add_argument("--out", help="output directory (default runs/bench-<date>)")
 
 
@@ -114,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
     cfg = SweepConfig(arms=arms, draft_ks=_split(args.draft_k, _k), batch_sizes=_split(args.batch_sizes, int),
                       temperatures=_split(args.temperatures, float), max_new_tokens=args.max_new_tokens,
                       repeats=args.repeats, warmup=args.warmup, seed=args.seed,
-                      tree_nodes=_split(args.tree_nodes, _tree_nodes))
+                      tree_nodes=_split(args.tree_nodes, _tree_nodes), slowest_row=args.slowest_row)
     datasets = list(_split(args.datasets)) + list(args.prompts)
     if not datasets:
         raise SystemExit("nothing to run: give --datasets and/or --prompts FILE")
@@ -137,7 +139,7 @@ def _run(args: argparse.Namespace) -> int:
                 "arms": list(arms), "draft_k": list(cfg.draft_ks), "batch_sizes": list(cfg.batch_sizes),
                 "temperatures": list(cfg.temperatures), "datasets": list(prompts), "num_prompts": args.num_prompts,
                 "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "warmup": cfg.warmup, "seed": cfg.seed,
-                "tree_nodes": list(cfg.tree_nodes)}}
+                "tree_nodes": list(cfg.tree_nodes), "auto_slowest_row": cfg.slowest_row}}
     for kind, source in heads.items():
         if not source.startswith("trained") and kind != "ngram":
             print(f"warning: {kind}: {source}", file=sys.stderr)

@@ -262,7 +262,8 @@ def write_plots(rows: list[dict], out_dir: Path) -> list[Path]:
         ax.set(xlabel="draft_k", title=f"concurrency {b}")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("speed-up over plain decoding")
-    axes[0][0].legend(fontsize=6)
+    if axes[0][0].get_legend_handles_labels()[0]:  # a sweep of draft_k=auto alone has no fixed-k line
+        axes[0][0].legend(fontsize=6)
     fig.suptitle("Speed-up vs draft_k")
     fig.tight_layout()
     paths.append(out_dir / "speedup_vs_draft_k.png")

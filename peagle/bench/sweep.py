@@ -28,6 +28,7 @@ class SweepConfig:
     warmup: int = 1  # warm-up calls per arm and group (first chunk, at most 16 new tokens)
     seed: int = 0
     tree_nodes: tuple[int, ...] = (DEFAULT_TREE_NODES,)  # node budgets of the tree arms
+    slowest_row: bool = False  # draft_k="auto" rates a batch by its slowest row (DraftKPolicy option)
 
     def specs(self) -> list[ArmSpec]:
         out = []
@@ -105,7 +106,7 @@ def run_group(runner: ArmRunner, cfg: SweepConfig, prompts: list[list[int]], *, 
     policies = {}
     for spec in specs:  # warm-up (and the auto policies' first measurements)
         if spec.draft_k == "auto":
-            policies[spec] = make_policy("auto", runner.drafters[spec.arm])
+            policies[spec] = make_policy("auto", runner.drafters[spec.arm], slowest_row=cfg.slowest_row)
         for _ in range(cfg.warmup):
             runner(spec, batches[0], max_new_tokens=min(16, cfg.max_new_tokens), temperature=temperature,
                    seed=cfg.seed, policy=policies.get(spec))

@@ -56,6 +56,12 @@ def _typical(values) -> float:
     return median(values)
 
 
+def _cycles_per_span(spans: torch.Tensor, max_k: int) -> torch.Tensor:
+    """[max_k + 1, S] cycles each span of s tokens takes at draft_k = k: ceil(s / (k + 1))."""
+    k = torch.arange(max_k + 1, dtype=torch.float64)
+    return torch.ceil(spans[None, :] / (k[:, None] + 1))
+
+
 def _fit_line(points: dict[int, list[float]]) -> tuple[float, float]:
     """Least-squares a + b*x over per-x medians, one vote per x (the k in use must not drown out
     the probes that measure the slope); b clamped to >= 0."""
@@ -163,24 +169,20 @@ class DraftKPolicy:
         if len(self._spans) < self.min_spans:
             return torch.cat([torch.ones(1, dtype=torch.float64), 1 + self.acceptance().cumprod(0).cumsum(0)])
         spans = torch.tensor(list(self._spans), dtype=torch.float64)  # [S]
-        k = torch.arange(self.max_k + 1, dtype=torch.float64)
-        cycles = torch.ceil(spans[None, :] / (k[:, None] + 1)).sum(1)  # [max_k + 1]
-        return spans.sum() / cycles
+        return spans.sum() / _cycles_per_span(spans, self.max_k).sum(1)
 
     def row_expected_tokens(self, rows) -> torch.Tensor | None:
         """[len(rows), max_k + 1] E_b(k) per row: its spans in this call plus ``row_prior`` spans of
         the pooled mean (so a row with few spans looks like the pool); None before ``min_spans``."""
         if len(self._spans) < self.min_spans:
             return None
-        k = torch.arange(self.max_k + 1, dtype=torch.float64)
         pooled = torch.tensor(list(self._spans), dtype=torch.float64)  # [S]
-        pooled_tokens = pooled.mean()
-        pooled_cycles = torch.ceil(pooled[None, :] / (k[:, None] + 1)).mean(1)  # [max_k + 1]
+        prior_tokens = self.row_prior * pooled.mean()
+        prior_cycles = self.row_prior * _cycles_per_span(pooled, self.max_k).mean(1)  # [max_k + 1]
         out = []
         for row in rows:
             own = torch.tensor(self._row_spans.get(row, []), dtype=torch.float64)  # [S_b]
-            cycles = torch.ceil(own[None, :] / (k[:, None] + 1)).sum(1)  # [max_k + 1]
-            out.append((own.sum() + self.row_prior * pooled_tokens) / (cycles + self.row_prior * pooled_cycles))
+            out.append((own.sum() + prior_tokens) / (_cycles_per_span(own, self.max_k).sum(1) + prior_cycles))
         return torch.stack(out)
 
     @staticmethod

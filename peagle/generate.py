@@ -193,12 +193,9 @@ def generate(
             if not keep_rows:
                 break
             select(keep_rows)
-        remaining = max(max_new_tokens - len(rows.outputs[b]) for b in active)
-        if policy is None:
-            k = k_max
-        else:
-            k = policy.choose(len(active), {b: max_new_tokens - len(rows.outputs[b]) for b in active})
-        k = min(k, remaining - 1)
+        left = {b: max_new_tokens - len(rows.outputs[b]) for b in active}  # row -> tokens it may still emit
+        remaining = max(left.values())
+        k = min(k_max if policy is None else policy.choose(len(active), left), remaining - 1)
         # 2-3. draft and verify (a chain, or a tree of candidates), 5. roll back the target
         step_ctx = DraftStep(**pending, history=history, history_lens=history_lens, sampling=params, generator=generator)
         if tree is not None and k > 0:

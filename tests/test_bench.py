@@ -96,7 +96,7 @@ def test_an_interrupted_run_redoes_only_the_groups_it_lacks(tmp_path, capsys, mo
         bench.main(argv[:-4] + ["--temperatures", "0.7", "--out", str(out)])
 
 
-def test_auto_slowest_row_reaches_the_policies(tmp_path, capsys, monkeypatch):
+def test_each_auto_rule_runs_as_its_own_arm(tmp_path, capsys, monkeypatch):
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text('{"prompt": "def add(a, b):"}\n{"prompt": "Name three colours."}\n')
     made = []
@@ -107,13 +107,20 @@ def test_auto_slowest_row_reaches_the_policies(tmp_path, capsys, monkeypatch):
         return made[-1]
 
     monkeypatch.setattr(sweep, "make_policy", recording)
-    argv = ["--quick", "--datasets", "", "--prompts", str(prompts), "--arms", "plain,ngram", "--draft-k", "auto",
-            "--batch-sizes", "2", "--temperatures", "0", "--auto-slowest-row", "--out", str(tmp_path / "out")]
+    argv = ["--quick", "--datasets", "", "--prompts", str(prompts), "--arms", "plain,ngram", "--draft-k", "2,auto",
+            "--batch-sizes", "2", "--temperatures", "0", "--auto-rules", "pooled,slowest_row",
+            "--out", str(tmp_path / "out")]
     assert bench.main(argv) == 0
-    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert doc["meta"]["config"]["auto_slowest_row"] is True
-    assert made and all(p.slowest_row for p in made)
+    out = capsys.readouterr().out
+    doc = json.loads(out.strip().splitlines()[-1])
+    assert doc["meta"]["config"]["auto_rules"] == ["pooled", "slowest_row"]
+    assert sorted(p.slowest_row for p in made) == [False, True]  # one policy per rule, made for its own arm
+    autos = {r["label"]: r["auto_rule"] for r in doc["rows"] if r["draft_k"] == "auto"}
+    assert autos == {"n-gram auto": "pooled", "n-gram auto (slowest row)": "slowest_row"}
+    assert "n-gram (slowest row) | 2 |" in out  # the auto table names the rule
     assert all(r["identical_to_plain"] == 1.0 for r in doc["rows"])
+    with pytest.raises(SystemExit, match="--auto-rules"):
+        bench.main(argv[:-4] + ["--auto-rules", "slowest", "--out", str(tmp_path / "bad")])
 
 
 def test_count_emitted_stops_after_the_first_eos():

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from .arms import ARMS, ArmRunner
+from .arms import ARMS, AUTO_RULES, ArmRunner
 from .journal import Journal
 from .sweep import SweepConfig, chunks, count_runs, run_group
 
@@ -55,8 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peagle-head", help="trained P-EAGLE head for peagle.load_drafter (default: the shipped one)")
     p.add_argument("--eagle3-head", help="trained EAGLE-3 head for peagle.load_drafter (default: the shipped one)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice; --quick 1)")
-    p.add_argument("--auto-slowest-row", dest="slowest_row", action="store_true",
-                   help="draft_k=auto rates a batch by its slowest row (peagle.autok.DraftKPolicy(slowest_row=True))")
+    p.add_argument("--auto-rules", dest="auto_rules", default=AUTO_RULES[0],
+                   help="comma list of draft_k=auto objectives, each run as its own arm, side by side: pooled "
+                        "(the mean row; the default) and/or slowest_row (DraftKPolicy(slowest_row=True))")
     p.add_argument("--out", help="output directory (default runs/bench-<date>)")
 
 
@@ -112,11 +113,14 @@ def _run(args: argparse.Namespace) -> int:
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         raise SystemExit(f"--arms must be a comma list from {', '.join(ARMS)}, got unknown {unknown}")
+    bad = [r for r in _split(args.auto_rules) if r not in AUTO_RULES]
+    if bad or not _split(args.auto_rules):
+        raise SystemExit(f"--auto-rules must be a comma list from {', '.join(AUTO_RULES)}, got {args.auto_rules!r}")
     dtype = getattr(torch, DTYPES.get(args.dtype, args.dtype))
     cfg = SweepConfig(arms=arms, draft_ks=_split(args.draft_k, _k), batch_sizes=_split(args.batch_sizes, int),
                       temperatures=_split(args.temperatures, float), max_new_tokens=args.max_new_tokens,
                       repeats=args.repeats, warmup=args.warmup, seed=args.seed,
-                      tree_nodes=_split(args.tree_nodes, _tree_nodes), slowest_row=args.slowest_row)
+                      tree_nodes=_split(args.tree_nodes, _tree_nodes), auto_rules=_split(args.auto_rules))
     datasets = list(_split(args.datasets)) + list(args.prompts)
     if not datasets:
         raise SystemExit("nothing to run: give --datasets and/or --prompts FILE")
@@ -139,7 +143,7 @@ def _run(args: argparse.Namespace) -> int:
                 "arms": list(arms), "draft_k": list(cfg.draft_ks), "batch_sizes": list(cfg.batch_sizes),
                 "temperatures": list(cfg.temperatures), "datasets": list(prompts), "num_prompts": args.num_prompts,
                 "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "warmup": cfg.warmup, "seed": cfg.seed,
-                "tree_nodes": list(cfg.tree_nodes), "auto_slowest_row": cfg.slowest_row}}
+                "tree_nodes": list(cfg.tree_nodes), "auto_rules": list(cfg.auto_rules)}}
     for kind, source in heads.items():
         if not source.startswith("trained") and kind != "ngram":
             print(f"warning: {kind}: {source}", file=sys.stderr)

@@ -26,6 +26,8 @@ PEAGLE_ARMS = ("plain", "eagle3", "peagle", "ngram", "peagle_tree", "eagle3_tree
 #: tree arms: the drafter they use; the tree is dynamic, draft_k deep, ArmSpec.tree_nodes nodes
 TREE_ARMS = {"peagle_tree": "peagle", "eagle3_tree": "eagle3"}
 DEFAULT_TREE_NODES = 32
+#: draft_k="auto" objectives (peagle.autok.DraftKPolicy): the pooled mean row, or the batch's slowest row
+AUTO_RULES = ("pooled", "slowest_row")
 
 
 @dataclass(frozen=True)
@@ -33,10 +35,13 @@ class ArmSpec:
     arm: str  # one of ARMS
     draft_k: int | str = 0  # 0 for arms without drafts; "auto" = peagle.autok.DraftKPolicy
     tree_nodes: int = 0  # tree arms: the dynamic tree's node budget; 0 for the others
+    auto_rule: str = ""  # draft_k="auto": one of AUTO_RULES; "" otherwise
 
     @property
     def label(self) -> str:
         k = "" if self.arm not in DRAFTING else f" K={self.draft_k}" if self.draft_k != "auto" else " auto"
+        if self.auto_rule == "slowest_row":
+            k += " (slowest row)"
         nodes = f" {self.tree_nodes} nodes" if self.arm in TREE_ARMS else ""
         return LABELS[self.arm] + k + nodes
 

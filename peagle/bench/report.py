@@ -162,7 +162,8 @@ def auto_table(rows: list[dict]) -> str:
         if best is None:
             continue
         ratio = _paired_ratio(r, best)
-        body.append([LABELS[r["arm"]], r["batch_size"], r["otps"], f"K={best['draft_k']}", best["otps"],
+        rule = " (slowest row)" if r.get("auto_rule") == "slowest_row" else ""
+        body.append([LABELS[r["arm"]] + rule, r["batch_size"], r["otps"], f"K={best['draft_k']}", best["otps"],
                      f"{ratio:.2f}x", "yes" if ratio >= 0.95 else "no", _fmt(r.get("mean_draft_k"), 1)])
     if not body:
         return ""

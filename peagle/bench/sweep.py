@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from peagle.autok import make_policy
 
-from .arms import DEFAULT_TREE_NODES, DRAFTING, TREE_ARMS, ArmRunner, ArmSpec, CallResult, first_divergence
+from .arms import AUTO_RULES, DEFAULT_TREE_NODES, DRAFTING, TREE_ARMS, ArmRunner, ArmSpec, CallResult, first_divergence
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class SweepConfig:
     warmup: int = 1  # warm-up calls per arm and group (first chunk, at most 16 new tokens)
     seed: int = 0
     tree_nodes: tuple[int, ...] = (DEFAULT_TREE_NODES,)  # node budgets of the tree arms
-    slowest_row: bool = False  # draft_k="auto" rates a batch by its slowest row (DraftKPolicy option)
+    auto_rules: tuple[str, ...] = AUTO_RULES[:1]  # draft_k="auto" runs once per rule, side by side
 
     def specs(self) -> list[ArmSpec]:
         out = []
@@ -36,8 +36,11 @@ class SweepConfig:
             if arm in TREE_ARMS:
                 out += [ArmSpec(arm, k, n) for k in self.draft_ks if k != "auto" for n in self.tree_nodes]
             elif arm in DRAFTING:
-                ks = [k for k in self.draft_ks if not (arm == "hf_prompt_lookup" and k == "auto")]
-                out += [ArmSpec(arm, k) for k in ks]
+                for k in self.draft_ks:
+                    if k != "auto":
+                        out.append(ArmSpec(arm, k))
+                    elif arm != "hf_prompt_lookup":
+                        out += [ArmSpec(arm, k, auto_rule=rule) for rule in self.auto_rules]
             else:
                 out.append(ArmSpec(arm, 0))
         # plain first: every other arm is compared with it
@@ -106,7 +109,8 @@ def run_group(runner: ArmRunner, cfg: SweepConfig, prompts: list[list[int]], *, 
     policies = {}
     for spec in specs:  # warm-up (and the auto policies' first measurements)
         if spec.draft_k == "auto":
-            policies[spec] = make_policy("auto", runner.drafters[spec.arm], slowest_row=cfg.slowest_row)
+            policies[spec] = make_policy("auto", runner.drafters[spec.arm],
+                                         slowest_row=spec.auto_rule == "slowest_row")
         for _ in range(cfg.warmup):
             runner(spec, batches[0], max_new_tokens=min(16, cfg.max_new_tokens), temperature=temperature,
                    seed=cfg.seed, policy=policies.get(spec))
@@ -129,7 +133,7 @@ def run_group(runner: ArmRunner, cfg: SweepConfig, prompts: list[list[int]], *, 
     rows = []
     for spec in specs:
         row = {"arm": spec.arm, "label": spec.label, "draft_k": spec.draft_k, "tree_nodes": spec.tree_nodes,
-               "batch_size": batch_size,
+               "auto_rule": spec.auto_rule or None, "batch_size": batch_size,
                "dataset": dataset, "temperature": temperature, "max_new_tokens": cfg.max_new_tokens,
                "n_prompts": len(prompts), "repeats": cfg.repeats}
         row.update(_median_row(per_rep[spec]))

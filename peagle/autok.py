@@ -25,8 +25,8 @@ the costs and the acceptance around the choice stay measured (near the optimum s
 next to nothing); every ``plain_every`` cycles one cycle is a plain step, which keeps V(1) measured.
 
 A batch of rows that share a budget finishes with its slowest row: a cycle costs T(k, B) whichever
-rows gain from it, and a row whose drafts are rarely right needs more cycles than the mean. With
-``slowest_row=True`` (opt-in: not yet benchmarked on a quiet machine, docs/benchmarks.md) and each
+rows gain from it, and a row whose drafts are rarely right needs more cycles than the mean. So by
+default (``slowest_row=True``; docs/benchmarks.md compares it with the pooled rule, ``False``), with each
 row's remaining budget r_b, which generate() passes, the policy minimises the batch's time to finish,
 T(k, B) * max_b r_b / E_b(k), with E_b(k) from row b's own spans in this call, shrunk toward the
 pooled E(k) (``row_prior`` pooled spans' worth). At batch size 1 this is the rate above, read
@@ -93,13 +93,13 @@ class DraftKPolicy:
         plain_every: every this many cycles, one plain step (k = 0) when min_k is 0, to measure
             V(1); at most a 1 / plain_every share of cycles, a few percent of throughput at worst.
         slowest_row: rate a batch by the row that needs the most cycles to finish (its own spans in
-            this call) rather than by the mean row; see the module docstring.
+            this call; the default) rather than by the pooled mean row (False); see the module docstring.
         row_prior: weight, in spans, of the pooled spans in each row's own E_b(k).
     """
 
     def __init__(self, max_k: int = 16, min_k: int = 0, window: int = 48, decay: float = 0.99,
                  prior: tuple[float, float] = (1.0, 1.0), probe_every: int = 4, spans: int = 512,
-                 plain_every: int = 32, slowest_row: bool = False, row_prior: float = 8.0):
+                 plain_every: int = 32, slowest_row: bool = True, row_prior: float = 8.0):
         if not 0 <= min_k <= max_k or max_k < 1:
             raise ValueError(f"need 0 <= min_k <= max_k and max_k >= 1, got min_k={min_k}, max_k={max_k}")
         if not 0.0 < decay <= 1.0:

@@ -108,16 +108,16 @@ def test_each_auto_rule_runs_as_its_own_arm(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(sweep, "make_policy", recording)
     argv = ["--quick", "--datasets", "", "--prompts", str(prompts), "--arms", "plain,ngram", "--draft-k", "2,auto",
-            "--batch-sizes", "2", "--temperatures", "0", "--auto-rules", "pooled,slowest_row",
+            "--batch-sizes", "2", "--temperatures", "0", "--auto-rules", "slowest_row,pooled",
             "--out", str(tmp_path / "out")]
     assert bench.main(argv) == 0
     out = capsys.readouterr().out
     doc = json.loads(out.strip().splitlines()[-1])
-    assert doc["meta"]["config"]["auto_rules"] == ["pooled", "slowest_row"]
+    assert doc["meta"]["config"]["auto_rules"] == ["slowest_row", "pooled"]
     assert sorted(p.slowest_row for p in made) == [False, True]  # one policy per rule, made for its own arm
     autos = {r["label"]: r["auto_rule"] for r in doc["rows"] if r["draft_k"] == "auto"}
-    assert autos == {"n-gram auto": "pooled", "n-gram auto (slowest row)": "slowest_row"}
-    assert "n-gram (slowest row) | 2 |" in out  # the auto table names the rule
+    assert autos == {"n-gram auto": "slowest_row", "n-gram auto (pooled)": "pooled"}
+    assert "n-gram (pooled) | 2 |" in out  # the auto table names the rule
     assert all(r["identical_to_plain"] == 1.0 for r in doc["rows"])
     with pytest.raises(SystemExit, match="--auto-rules"):
         bench.main(argv[:-4] + ["--auto-rules", "slowest", "--out", str(tmp_path / "bad")])

@@ -221,7 +221,8 @@ def test_rows_leaving_and_new_calls_keep_spans_apart():
 def test_the_row_that_needs_most_cycles_sets_the_batch_choice():
     # Batch 2 at k = 5: row 0's first 4 drafts are right (spans of 5 tokens), row 1's never (spans
     # of 1). A drafting cycle costs 1.5x a plain step; the mean row emits 3 tokens a cycle, row 1 one.
-    policy = DraftKPolicy(max_k=5, slowest_row=True)
+    policy = DraftKPolicy(max_k=5)
+    assert policy.slowest_row  # the default
     for _ in range(60):
         policy.choose(2)
         policy.observe(5, 2, 0.01, 0.14, torch.tensor([4, 0]), rows=[0, 1])
@@ -238,7 +239,7 @@ def test_the_row_that_needs_most_cycles_sets_the_batch_choice():
     assert E[0, 5].item() == pytest.approx(policy.expected_tokens()[5].item())
     policy.start()  # a new call: rows' own spans are forgotten, the pool is kept
     assert policy.best_k(2, {0: 30, 1: 30}) >= 4
-    policy.slowest_row = False  # the default rates the mean row, whatever the budgets
+    policy.slowest_row = False  # the pooled rule rates the mean row, whatever the budgets
     policy.observe(5, 2, 0.01, 0.14, torch.tensor([4, 0]), rows=[0, 1])
     assert policy.best_k(2, {0: 30, 1: 30}) >= 4
     with pytest.raises(ValueError, match="row_prior"):

@@ -56,8 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eagle3-head", help="trained EAGLE-3 head for peagle.load_drafter (default: the shipped one)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice; --quick 1)")
     p.add_argument("--auto-rules", dest="auto_rules", default=AUTO_RULES[0],
-                   help="comma list of draft_k=auto objectives, each run as its own arm, side by side: pooled "
-                        "(the mean row; the default) and/or slowest_row (DraftKPolicy(slowest_row=True))")
+                   help="comma list of draft_k=auto objectives, each run as its own arm, side by side: slowest_row "
+                        "(the default) and/or pooled (the mean row: DraftKPolicy(slowest_row=False))")
     p.add_argument("--out", help="output directory (default runs/bench-<date>)")
 
 

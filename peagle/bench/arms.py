@@ -26,8 +26,9 @@ PEAGLE_ARMS = ("plain", "eagle3", "peagle", "ngram", "peagle_tree", "eagle3_tree
 #: tree arms: the drafter they use; the tree is dynamic, draft_k deep, ArmSpec.tree_nodes nodes
 TREE_ARMS = {"peagle_tree": "peagle", "eagle3_tree": "eagle3"}
 DEFAULT_TREE_NODES = 32
-#: draft_k="auto" objectives (peagle.autok.DraftKPolicy): the pooled mean row, or the batch's slowest row
-AUTO_RULES = ("pooled", "slowest_row")
+#: draft_k="auto" objectives (peagle.autok.DraftKPolicy), the default first: the batch's slowest row, or
+#: the pooled mean row
+AUTO_RULES = ("slowest_row", "pooled")
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,8 @@ class ArmSpec:
     @property
     def label(self) -> str:
         k = "" if self.arm not in DRAFTING else f" K={self.draft_k}" if self.draft_k != "auto" else " auto"
-        if self.auto_rule == "slowest_row":
-            k += " (slowest row)"
+        if self.auto_rule == "pooled":
+            k += " (pooled)"
         nodes = f" {self.tree_nodes} nodes" if self.arm in TREE_ARMS else ""
         return LABELS[self.arm] + k + nodes
 

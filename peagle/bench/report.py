@@ -162,7 +162,7 @@ def auto_table(rows: list[dict]) -> str:
         if best is None:
             continue
         ratio = _paired_ratio(r, best)
-        rule = " (slowest row)" if r.get("auto_rule") == "slowest_row" else ""
+        rule = " (pooled)" if r.get("auto_rule") == "pooled" else ""
         body.append([LABELS[r["arm"]] + rule, r["batch_size"], r["otps"], f"K={best['draft_k']}", best["otps"],
                      f"{ratio:.2f}x", "yes" if ratio >= 0.95 else "no", _fmt(r.get("mean_draft_k"), 1)])
     if not body:

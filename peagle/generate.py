@@ -11,6 +11,7 @@ With ``drafter=None`` the same loop runs with no drafts: plain decoding.
 """
 from __future__ import annotations
 
+import numbers
 import time
 from typing import Iterable, Sequence
 
@@ -47,8 +48,27 @@ def _validate(target: Target, drafter, draft_k: int, max_new_tokens: int, prompt
             f"got {longest} + {max_new_tokens}")
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _check_types(*, temperature, top_k, top_p, seed, tree) -> None:
+    """Wrong types fail here, naming the argument, not as a cast or shape error further in."""
+    for name, value in (("temperature", temperature), ("top_p", top_p)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+    if not _is_int(top_k):
+        raise ValueError(f"top_k must be an integer >= 0 (0 = disabled), got {top_k!r}")
+    if seed is not None and not _is_int(seed):
+        raise ValueError(f"seed must be an integer or None, got {seed!r}")
+    if tree is not None and not isinstance(tree, TreeConfig):
+        raise ValueError(f"tree must be a peagle.TreeConfig or None, got {tree!r}")
+
+
 def _stop_ids(target: Target, stop) -> tuple[set[int], list[str]]:
     ids, strings = set(target.eos_token_ids), []
+    if stop is not None and not isinstance(stop, (str, int, list, tuple, set)):
+        raise ValueError(f"stop must be a string, a token id or a list of them, got {type(stop).__name__}")
     for s in ([] if stop is None else [stop] if isinstance(stop, (str, int)) else list(stop)):
         if isinstance(s, str):
             strings.append(s)
@@ -120,6 +140,7 @@ def generate(
         GenerationOutput with ``sequences`` (token ids per prompt, prompt excluded), ``texts``,
         and ``stats`` (acceptance length, per-position acceptance, timings).
     """
+    _check_types(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, tree=tree)
     params = SamplingParams(float(temperature), int(top_k), float(top_p))
     prompt_ids = encode_prompts(target, prompts, chat=chat)
     policy = make_policy(draft_k, drafter) if drafter is not None and not isinstance(draft_k, int) else None

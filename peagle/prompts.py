@@ -1,6 +1,7 @@
 """Turning the prompt forms users pass into token-id lists."""
 from __future__ import annotations
 
+import numbers
 from typing import Sequence, Union
 
 import torch
@@ -24,7 +25,12 @@ def encode_prompts(target, prompts: Prompts, chat: bool = False) -> list[list[in
         if all(isinstance(p, str) for p in prompts):
             ids = [_encode_text(target, p, chat) for p in prompts]
         elif all(isinstance(p, (list, tuple)) or isinstance(p, torch.Tensor) for p in prompts):
-            ids = [list(map(int, p.tolist() if isinstance(p, torch.Tensor) else p)) for p in prompts]
+            ids = [list(p.tolist() if isinstance(p, torch.Tensor) else p) for p in prompts]
+            for i, row in enumerate(ids):
+                odd = [t for t in row if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
+                if odd:
+                    raise ValueError(f"prompts[{i}] must hold integer token ids, got {odd[:3]!r}")
+            ids = [[int(t) for t in row] for row in ids]
         else:
             raise ValueError("prompts must be a string, a list of strings, a list of token-id lists or a LongTensor")
     for i, row in enumerate(ids):

@@ -50,6 +50,12 @@ def test_prompt_token_out_of_vocab():
         peagle.generate(target(), None, [[1, 100000]], max_new_tokens=4)
 
 
+@pytest.mark.parametrize("prompts", [[[1.5, 2]], [[1, True]], [torch.tensor([1.0, 2.0])]])
+def test_prompt_token_ids_must_be_integers(prompts):
+    with pytest.raises(ValueError, match="integer token ids"):
+        peagle.generate(target(), None, prompts, max_new_tokens=4)
+
+
 def test_prompt_plus_new_tokens_beyond_positions():
     with pytest.raises(ValueError, match="max_new_tokens"):
         peagle.generate(target(), None, [[1] * 1000], max_new_tokens=100)
@@ -58,6 +64,9 @@ def test_prompt_plus_new_tokens_beyond_positions():
 @pytest.mark.parametrize("kwargs,word", [
     (dict(temperature=-0.1), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
     (dict(top_k=-2), "top_k"), (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(temperature="hot"), "temperature"), (dict(top_k=2.5), "top_k"), (dict(top_p=None), "top_p"),
+    (dict(seed="x"), "seed"), (dict(seed=1.5), "seed"), (dict(stop=5.5), "stop"), (dict(stop=[None]), "stop"),
+    (dict(tree=3), "tree"), (dict(tree="dynamic"), "tree"),
 ])
 def test_bad_sampling_arguments(kwargs, word):
     with pytest.raises(ValueError, match=word):

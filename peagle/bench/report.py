@@ -164,7 +164,7 @@ def auto_table(rows: list[dict]) -> str:
         ratio = _paired_ratio(r, best)
         rule = " (pooled)" if r.get("auto_rule") == "pooled" else ""
         body.append([LABELS[r["arm"]] + rule, r["batch_size"], r["otps"], f"K={best['draft_k']}", best["otps"],
-                     f"{ratio:.2f}x", "yes" if ratio >= 0.95 else "no", _fmt(r.get("mean_draft_k"), 1)])
+                     f"{ratio:.3f}x", "yes" if round(ratio, 3) >= 0.95 else "no", _fmt(r.get("mean_draft_k"), 1)])
     if not body:
         return ""
     return _table(["Arm", "Concurrency", "auto OTPS", "Best fixed", "Best fixed OTPS", "auto / best (paired)",

@@ -6,6 +6,7 @@ Plain decoding, the drafters and the verifier all call :func:`target_probs` /
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,14 @@ class SamplingParams:
     top_p: float = 1.0  # keep the smallest set whose mass reaches top_p; 1.0 keeps all
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p"):  # wrong types fail here, naming the field, not in a cast
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"{name} must be a number, got {value!r}")
+            object.__setattr__(self, name, float(value))
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral):
+            raise ValueError(f"top_k must be an integer >= 0 (0 = disabled), got {self.top_k!r}")
+        object.__setattr__(self, "top_k", int(self.top_k))
         if not (self.temperature >= 0.0):
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not (0.0 < self.top_p <= 1.0):

@@ -113,14 +113,14 @@ def _run(args: argparse.Namespace) -> int:
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         raise SystemExit(f"--arms must be a comma list from {', '.join(ARMS)}, got unknown {unknown}")
-    bad = [r for r in _split(args.auto_rules) if r not in AUTO_RULES]
-    if bad or not _split(args.auto_rules):
+    auto_rules = _split(args.auto_rules)
+    if not auto_rules or any(r not in AUTO_RULES for r in auto_rules):
         raise SystemExit(f"--auto-rules must be a comma list from {', '.join(AUTO_RULES)}, got {args.auto_rules!r}")
     dtype = getattr(torch, DTYPES.get(args.dtype, args.dtype))
     cfg = SweepConfig(arms=arms, draft_ks=_split(args.draft_k, _k), batch_sizes=_split(args.batch_sizes, int),
                       temperatures=_split(args.temperatures, float), max_new_tokens=args.max_new_tokens,
                       repeats=args.repeats, warmup=args.warmup, seed=args.seed,
-                      tree_nodes=_split(args.tree_nodes, _tree_nodes), auto_rules=_split(args.auto_rules))
+                      tree_nodes=_split(args.tree_nodes, _tree_nodes), auto_rules=auto_rules)
     datasets = list(_split(args.datasets)) + list(args.prompts)
     if not datasets:
         raise SystemExit("nothing to run: give --datasets and/or --prompts FILE")

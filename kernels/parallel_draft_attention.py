@@ -60,24 +60,30 @@ def parallel_draft_attention_torch(
     cache_lens: torch.Tensor,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """The PyTorch twin: same arguments and result as ``parallel_draft_attention``, in fp32."""
+    """The PyTorch twin: same arguments and result as ``parallel_draft_attention``, in fp32.
+
+    Grouped-query heads are folded into the query axis (the G query heads that share kv head
+    h read it as G*Q queries), so keys and values are never copied G times.
+    """
     B, Q, Hq, D = q.shape
     Hkv, S = k.shape[2], k_cache.shape[2]
+    G = Hq // Hkv
     if scale is None:
         scale = D ** -0.5
     slots = torch.arange(S, device=q.device)
-    cached = slots[None, :] < cache_lens.to(q.device)[:, None]  # [B, S]
-    unread = ~cached[:, None, :, None]  # zero the slots past cache_lens: they may hold NaN garbage
-    keys = torch.cat([k_cache.masked_fill(unread, 0), k.transpose(1, 2)], dim=2).float()  # [B, Hkv, S+Q, D]
-    values = torch.cat([v_cache.masked_fill(unread, 0), v.transpose(1, 2)], dim=2).float()
-    keys = keys.repeat_interleave(Hq // Hkv, dim=1)  # [B, Hq, S+Q, D]: head h reads kv head h // G
-    values = values.repeat_interleave(Hq // Hkv, dim=1)
+    lens = cache_lens.to(q.device)
+    cached = slots[None, :] < lens[:, None]  # [B, S]
+    if S and bool((lens < S).any()):  # zero the slots past cache_lens: they may hold NaN garbage
+        k_cache = k_cache.masked_fill(~cached[:, None, :, None], 0)
+        v_cache = v_cache.masked_fill(~cached[:, None, :, None], 0)
+    keys = torch.cat([k_cache, k.transpose(1, 2)], dim=2).float()  # [B, Hkv, S+Q, D]
+    values = torch.cat([v_cache, v.transpose(1, 2)], dim=2).float()
     causal = torch.ones(Q, Q, dtype=torch.bool, device=q.device).tril()  # [Q, Q]: j <= i
     mask = torch.cat([cached[:, None, :].expand(B, Q, S), causal.expand(B, Q, Q)], dim=-1)  # [B, Q, S+Q]
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2).float(), keys, values, attn_mask=mask[:, None], scale=scale
-    )  # [B, Hq, Q, D]
-    return out.transpose(1, 2).to(q.dtype)
+    mask = mask[:, None, None].expand(B, 1, G, Q, S + Q).reshape(B, 1, G * Q, S + Q)
+    queries = q.transpose(1, 2).reshape(B, Hkv, G * Q, D).float()  # head h = kv head h // G, group h % G
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)  # [B, Hkv, G*Q, D]
+    return out.view(B, Hq, Q, D).transpose(1, 2).to(q.dtype)
 
 
 def _validate(q, k, v, k_cache, v_cache, cache_lens) -> None:

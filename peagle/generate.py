@@ -238,7 +238,10 @@ def generate(
         history.scatter_(1, history_lens[:, None] + torch.arange(drafted + 1, device=device), result.output_tokens)
         history_lens = history_lens + n_emit
         last_token = result.output_tokens.gather(1, result.num_accepted[:, None]).squeeze(1)
-        new_pairs = dict(tokens=result.output_tokens.clamp_min(0), hidden=aux, positions=positions, num_new=n_emit)
+        # Columns past every row's count are padding: dropping them spares the drafter rows of work.
+        width = int(n_emit.max())
+        new_pairs = dict(tokens=result.output_tokens[:, :width].clamp_min(0), hidden=aux[:, :width],
+                         positions=positions[:, :width], num_new=n_emit)
         # A cycle that drafted nothing (k = 0) leaves its pairs for the drafter's next call.
         pending = new_pairs if k > 0 or drafter is None else _append_pairs(pending, new_pairs)
         if policy is not None:

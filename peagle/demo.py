@@ -35,6 +35,16 @@ def idle_cores(cores: int, load: float) -> int:
     return max(1, min(cores, cores - round(load)))
 
 
+def cycle_split(calls) -> tuple[float, float]:
+    """Mean drafting and verification ms per cycle (decode step) over calls, prefill excluded."""
+    stats = [c.stats for c in calls if c.stats is not None]
+    cycles = sum(s.cycles for s in stats)
+    if not cycles:
+        return 0.0, 0.0
+    return (1e3 * sum(s.draft_time_s for s in stats) / cycles,
+            1e3 * sum(s.verify_time_s - s.prefill_time_s for s in stats) / cycles)
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
     import transformers
@@ -43,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from peagle import NgramDrafter
     from peagle.bench.arms import LABELS, ArmRunner, ArmSpec, first_divergence
     from peagle.bench.models import RANDOM_HEAD_WARNING, load_bench_target, load_head
+    from peagle.bench.report import machine_info
     from peagle.evalsets import humaneval_prompts, mtbench_prompts
     from peagle.prompts import encode_prompts
 
@@ -90,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
              f"{args.max_new_tokens} new tokens max, {torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''}", ""]
     for kind, h in heads.items():
         lines.append(f"{LABELS[kind]} head: {h.source}")
-    lines += ["", "| Arm | draft_k | Tokens/s | Acceptance length | Speed-up over plain | Identical to plain |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "| Arm | draft_k | Tokens/s | Acceptance length | Speed-up over plain | Draft + verify ms per cycle | Identical to plain |",
+              "|---|---|---|---|---|---|---|"]
     ties = False
     for spec, calls in results.items():
         tokens, wall = sum(c.new_tokens for c in calls), sum(c.wall_s for c in calls)
@@ -103,7 +114,17 @@ def run(args: argparse.Namespace) -> int:
         chosen = [k for c in calls for k in c.chosen_k]
         k = "-" if spec.arm == "plain" else (f"auto (mean {sum(chosen) / len(chosen):.1f})" if chosen else str(spec.draft_k))
         ident = "yes" if not gaps else f"{len(calls) - len(gaps)}/{len(calls)} prompts (ties: top-2 gap <= {max(gaps):.2f})"
-        lines.append(f"| {LABELS[spec.arm]} | {k} | {tokens / wall:.1f} | {acc:.2f} | {tokens / wall / plain_otps:.2f}x | {ident} |")
+        draft_ms, verify_ms = cycle_split(calls)
+        lines.append(f"| {LABELS[spec.arm]} | {k} | {tokens / wall:.1f} | {acc:.2f} | {tokens / wall / plain_otps:.2f}x "
+                     f"| {draft_ms:.1f} + {verify_ms:.1f} | {ident} |")
+    step_ms = cycle_split(plain)[1]
+    amx = machine_info()["amx_bf16"]
+    lines += ["", f"Where the time goes: a plain step took {step_ms:.1f} ms, so a drafting arm gains only when its "
+                  f"acceptance length exceeds (draft + verify) / {step_ms:.1f} ms."
+                  + ("" if dtype != torch.bfloat16 or target.device.type != "cpu" else
+                     " This CPU has AMX: a bf16 forward over k + 1 tokens costs little more than over one."
+                     if amx else " This CPU has no AMX: a bf16 forward over k + 1 tokens costs well above one "
+                     "step (docs/benchmarks.md), which caps the speed-up here.")]
     if ties:
         lines += ["", "note: an arm that is not identical parts from plain decoding where the target's top two logits "
                       "(nearly) tie: in bf16 the target's own logits depend on how many tokens one forward scores, "

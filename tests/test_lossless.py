@@ -93,3 +93,23 @@ def test_prompt_forms_agree():
     as_tensor = peagle.generate(target, None, torch.tensor([PROMPTS[0]]), max_new_tokens=10)
     as_lists = peagle.generate(target, None, [PROMPTS[0]], max_new_tokens=10)
     assert as_tensor.sequences == as_lists.sequences == [reference[0][:10]]
+
+
+def test_drafter_sees_only_the_used_columns_of_new_pairs():
+    """Each cycle hands the drafter exactly max(num_new) columns: padding past every row's count
+    would cost drafter rows (a P-EAGLE pass runs every column through all its layers)."""
+    target, reference = setup("llama")
+    widths = []
+
+    class Recording(OracleDrafter):
+        def draft(self, step, draft_k):
+            widths.append((step.tokens.shape[1], step.hidden.shape[1], step.positions.shape[1], int(step.num_new.max())))
+            return super().draft(step, draft_k)
+
+    full = [p + r for p, r in zip(PROMPTS, reference)]
+    for drafter in (Recording(full), Recording([p + [1] for p in PROMPTS])):  # all accepted; nearly none
+        widths.clear()
+        out = peagle.generate(target, drafter, PROMPTS, draft_k=3, max_new_tokens=NEW)
+        assert out.sequences == reference
+        assert len(widths) > 3 and all(t == h == p == n for t, h, p, n in widths), widths
+    assert max(w[3] for w in widths[1:]) < 4  # the hostile-ish run: rows emit 1-2 tokens a cycle, not 4

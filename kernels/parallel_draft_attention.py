@@ -83,7 +83,7 @@ def parallel_draft_attention_torch(
     mask = mask[:, None, None].expand(B, 1, G, Q, S + Q).reshape(B, 1, G * Q, S + Q)
     queries = q.transpose(1, 2).reshape(B, Hkv, G * Q, D).float()  # head h = kv head h // G, group h % G
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)  # [B, Hkv, G*Q, D]
-    return out.view(B, Hq, Q, D).transpose(1, 2).to(q.dtype)
+    return out.reshape(B, Hq, Q, D).transpose(1, 2).to(q.dtype)
 
 
 def _validate(q, k, v, k_cache, v_cache, cache_lens) -> None:

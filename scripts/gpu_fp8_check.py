@@ -13,7 +13,10 @@
    (what a Python loop gets: launch-bound at these sizes) and `graph` (the same step captured
    once in a CUDA graph and replayed, as serving engines run it). A failed capture is recorded,
    not fatal. The target ratio is fp8/bf16 <= 0.65 at batch 32.
-Writes DIR/fp8_check.json and DIR/fp8_decode.csv; prints a table, then one JSON line.
+3. A P-EAGLE cycle on the same target, bf16 and FP8, batch 1 and 32: `peagle.generate` with a
+   random-init 4-layer P-EAGLE head (bf16; draft_k 7), mean draft and verify ms per cycle from
+   GenerationStats. A random head's drafts are rejected, so this is the cost side of a cycle.
+Writes DIR/fp8_check.json, DIR/fp8_decode.csv and DIR/fp8_peagle_cycle.csv; prints tables, then one JSON line.
 No network: the model is random-init from a config.
 """
 from __future__ import annotations
@@ -222,12 +225,15 @@ def run(args: argparse.Namespace) -> dict:
     report["agreement"] = agreement(device, shapes)
 
     model = build_target(layers, device, dims)
-    decode = []
+    decode, cycles = [], []
     capture_error = None  # after one failed capture the others are skipped (same HF step)
     for precision in ("bf16", "fp8"):
         if precision == "fp8":
             quantize_fp8(model, scheme=args.scheme)
             assert any(isinstance(m, FP8Linear) for m in model.modules())
+        for batch in BATCHES:
+            cycles.append(dict(precision=precision, batch=batch,
+                               **peagle_cycles(model, batch, ctx, draft_k=7, new_tokens=4 if dry else 16)))
         for batch in BATCHES:
             for mode in ("eager", "graph") if on_gpu else ("eager",):
                 row = dict(precision=precision, mode=mode, batch=batch)
@@ -249,6 +255,10 @@ def run(args: argparse.Namespace) -> dict:
     for r in decode:
         r["ratio_vs_bf16"] = r["median_ms"] / base[(r["mode"], r["batch"])]
     report["decode"] = decode
+    base_cycle = {r["batch"]: r["cycle_ms"] for r in cycles if r["precision"] == "bf16"}
+    for r in cycles:
+        r["ratio_vs_bf16"] = r["cycle_ms"] / base_cycle[r["batch"]]
+    report["peagle_cycle"] = cycles
     report["meets_target_at_32"] = {m: decode_ratio(decode, m) <= TARGET_RATIO
                                     for m in ("eager", "graph") if any(r["mode"] == m for r in decode)}
     report["wall_s"] = time.perf_counter() - t_start
@@ -258,6 +268,12 @@ def run(args: argparse.Namespace) -> dict:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(decode)
+    cycle_fields = ["precision", "batch", "draft_k", "cycles", "draft_ms", "verify_ms", "cycle_ms", "ratio_vs_bf16",
+                    "acceptance_length"]
+    with open(out_dir / "fp8_peagle_cycle.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=cycle_fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(cycles)
     (out_dir / "fp8_check.json").write_text(json.dumps(report, indent=2, default=str))
 
     print(f"device {report['device']}  torch {torch.__version__}  layers {layers}  ctx {ctx}")
@@ -268,9 +284,33 @@ def run(args: argparse.Namespace) -> dict:
     for r in decode:
         print(f"{r['precision']:>9} {r['mode']:>5} {r['batch']:>5} {r['median_ms']:>10.3f} {r['ratio_vs_bf16']:>6.3f}"
               + (f"  {r['error']}" if "error" in r else ""))
+    print(f"{'precision':>9} {'batch':>5} {'P-EAGLE K=7 draft + verify ms':>30} {'ratio':>6}")
+    for r in cycles:
+        print(f"{r['precision']:>9} {r['batch']:>5} {r['draft_ms']:>13.2f} + {r['verify_ms']:<14.2f} {r['ratio_vs_bf16']:>6.3f}")
     print(json.dumps(dict(meets_target_at_32=report["meets_target_at_32"], wall_s=round(report["wall_s"], 1),
                           agreement_ok=all(r["within_tolerance"] for r in report["agreement"]))))
     return report
+
+
+def peagle_cycles(model, batch: int, ctx: int, draft_k: int, new_tokens: int) -> dict:
+    """Mean ms of drafting and of verification per P-EAGLE cycle on this target (eager loop)."""
+    import peagle
+
+    target = peagle.Target(model)
+    try:
+        torch.manual_seed(batch)
+        drafter = peagle.PEagleDrafter(peagle.DrafterConfig.for_target(target, num_layers=4))
+        g = torch.Generator(device="cpu").manual_seed(batch)
+        prompts = torch.randint(0, model.config.vocab_size, (batch, ctx), generator=g)
+        peagle.generate(target, drafter, prompts, draft_k=draft_k, max_new_tokens=3)  # warm-up
+        stats = peagle.generate(target, drafter, prompts, draft_k=draft_k, max_new_tokens=new_tokens).stats
+    finally:
+        target.remove_hooks()
+    cycles = max(stats.cycles, 1)
+    draft_ms = 1e3 * stats.draft_time_s / cycles
+    verify_ms = 1e3 * (stats.verify_time_s - stats.prefill_time_s) / cycles
+    return dict(draft_k=draft_k, cycles=stats.cycles, draft_ms=draft_ms, verify_ms=verify_ms,
+                cycle_ms=draft_ms + verify_ms, acceptance_length=stats.acceptance_length)
 
 
 def decode_ratio(decode: list[dict], mode: str, batch: int = 32) -> float:

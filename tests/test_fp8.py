@@ -318,6 +318,10 @@ def test_gpu_script_dry_run(tmp_path):
     assert arms == {(p, b) for p in ("bf16", "fp8") for b in (1, 32)}
     assert (tmp_path / "fp8_decode.csv").read_text().startswith("precision,mode,batch")
     assert all(math.isfinite(r["median_ms"]) for r in report["decode"] if r["mode"] == "eager")
+    cycles = {(r["precision"], r["batch"]): r for r in report["peagle_cycle"]}
+    assert set(cycles) == {(p, b) for p in ("bf16", "fp8") for b in (1, 32)}
+    assert all(r["cycles"] >= 1 and r["draft_ms"] > 0 and r["verify_ms"] > 0 for r in cycles.values())
+    assert (tmp_path / "fp8_peagle_cycle.csv").read_text().startswith("precision,batch,draft_k")
 
 
 @pytest.mark.parametrize("drafter_kind", ["peagle", "peagle_fp8", "ngram"])

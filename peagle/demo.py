@@ -14,6 +14,8 @@ import os
 import sys
 import time
 
+from .stats import per_cycle_ms
+
 #: draft_k per arm unless --draft-k is given: EAGLE-3 peaks at small K, P-EAGLE deeper (docs/method)
 DEFAULT_K = {"plain": 0, "eagle3": 3, "peagle": 7, "ngram": 7}
 
@@ -37,12 +39,8 @@ def idle_cores(cores: int, load: float) -> int:
 
 def cycle_split(calls) -> tuple[float, float]:
     """Mean drafting and verification ms per cycle (decode step) over calls, prefill excluded."""
-    stats = [c.stats for c in calls if c.stats is not None]
-    cycles = sum(s.cycles for s in stats)
-    if not cycles:
-        return 0.0, 0.0
-    return (1e3 * sum(s.draft_time_s for s in stats) / cycles,
-            1e3 * sum(s.verify_time_s - s.prefill_time_s for s in stats) / cycles)
+    split = per_cycle_ms(c.stats for c in calls if c.stats is not None)
+    return split["draft_ms"], split["verify_ms"]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -239,7 +239,7 @@ def generate(
         history_lens = history_lens + n_emit
         last_token = result.output_tokens.gather(1, result.num_accepted[:, None]).squeeze(1)
         # Columns past every row's count are padding: dropping them spares the drafter rows of work.
-        width = int(n_emit.max())
+        width = max(num_acc) + 1  # host-side already: no extra device sync
         new_pairs = dict(tokens=result.output_tokens[:, :width].clamp_min(0), hidden=aux[:, :width],
                          positions=positions[:, :width], num_new=n_emit)
         # A cycle that drafted nothing (k = 0) leaves its pairs for the drafter's next call.

@@ -4,6 +4,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def per_cycle_ms(stats) -> dict:
+    """Mean ms per decode cycle of drafting, verification (prefill excluded) and the rest, pooled
+    over GenerationStats of several calls: {"cycles", "draft_ms", "verify_ms", "other_ms"}."""
+    stats = list(stats)
+    cycles = sum(s.cycles for s in stats)
+    per = 1e3 / max(cycles, 1)
+    return {"cycles": cycles, "draft_ms": per * sum(s.draft_time_s for s in stats),
+            "verify_ms": per * sum(s.verify_time_s - s.prefill_time_s for s in stats),
+            "other_ms": per * sum(s.other_time_s for s in stats)}
+
+
 @dataclass
 class GenerationStats:
     draft_k: int  # requested draft_k (0 for plain decoding)

@@ -14,6 +14,7 @@ import peagle
 from peagle.checkpoint import load_drafter
 from peagle.embedded import load_target
 from peagle.evalsets import load_prompts
+from peagle.stats import per_cycle_ms
 
 
 def main() -> None:
@@ -30,12 +31,9 @@ def main() -> None:
         drafter = load_drafter(name, target)
         peagle.generate(target, drafter, prompts[:1], chat=True, draft_k=3, max_new_tokens=8)  # warm-up
         for k in (int(x) for x in args.draft_k.split(",")):
-            draft_s, cycles = 0.0, 0
-            for prompt in prompts:
-                stats = peagle.generate(target, drafter, [prompt], chat=True, draft_k=k,
-                                        max_new_tokens=args.max_new_tokens).stats
-                draft_s, cycles = draft_s + stats.draft_time_s, cycles + stats.cycles
-            result[f"{name} K={k}"] = round(1e3 * draft_s / max(cycles, 1), 2)
+            stats = [peagle.generate(target, drafter, [prompt], chat=True, draft_k=k,
+                                     max_new_tokens=args.max_new_tokens).stats for prompt in prompts]
+            result[f"{name} K={k}"] = round(per_cycle_ms(stats)["draft_ms"], 2)
     print(json.dumps(result))
 
 

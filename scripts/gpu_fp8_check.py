@@ -36,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from peagle.fp8 import SCHEMES, FP8Linear, fp8_mm_emulated, fp8_mm_scaled, quantize_fp8, quantize_tensor  # noqa: E402
+from peagle.stats import per_cycle_ms  # noqa: E402
 
 LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                 vocab_size=128256, max_position_embeddings=4096)
@@ -319,11 +320,9 @@ def peagle_cycles(model, drafter, batch: int, ctx: int, draft_k: int, new_tokens
         stats = peagle.generate(target, drafter, prompts, draft_k=draft_k, max_new_tokens=new_tokens).stats
     finally:
         target.remove_hooks()
-    cycles = max(stats.cycles, 1)
-    draft_ms = 1e3 * stats.draft_time_s / cycles
-    verify_ms = 1e3 * (stats.verify_time_s - stats.prefill_time_s) / cycles
-    return dict(draft_k=draft_k, cycles=stats.cycles, draft_ms=draft_ms, verify_ms=verify_ms,
-                cycle_ms=draft_ms + verify_ms, acceptance_length=stats.acceptance_length)
+    split = per_cycle_ms([stats])
+    return dict(draft_k=draft_k, cycles=split["cycles"], draft_ms=split["draft_ms"], verify_ms=split["verify_ms"],
+                cycle_ms=split["draft_ms"] + split["verify_ms"], acceptance_length=stats.acceptance_length)
 
 
 def decode_ratio(decode: list[dict], mode: str, batch: int = 32) -> float:

@@ -11,6 +11,8 @@ from statistics import median
 
 import torch
 
+from peagle.bench.report import machine_info
+
 
 def time_us(fn, reps: int) -> float:
     for _ in range(5):
@@ -32,8 +34,8 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     d_in, d_out = (int(x) for x in args.shape.split(","))
-    flags = open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else ""
-    print(f"Linear({d_in}, {d_out}), {args.threads} thread(s), AMX bf16 {'yes' if 'amx_bf16' in flags else 'no'}, median us")
+    amx = machine_info()["amx_bf16"]
+    print(f"Linear({d_in}, {d_out}), {args.threads} thread(s), AMX bf16 {'yes' if amx else 'no'}, median us")
     for dtype in (torch.bfloat16, torch.float32):
         layer = torch.nn.Linear(d_in, d_out, bias=False).to(dtype)
         cells = []

@@ -13,6 +13,7 @@ from statistics import median
 from tqdm.auto import tqdm
 
 from peagle.autok import make_policy
+from peagle.stats import per_cycle_ms
 
 from .arms import AUTO_RULES, DEFAULT_TREE_NODES, DRAFTING, TREE_ARMS, ArmRunner, ArmSpec, CallResult, first_divergence
 
@@ -64,11 +65,7 @@ def _aggregate(calls: list[CallResult]) -> dict:
            "acceptance_length": (sum(c.accepted for c in calls) + rc) / rc if rc else None}
     stats = [c.stats for c in calls if c.stats is not None]
     if stats:
-        cycles = sum(s.cycles for s in stats)
-        out.update(cycles=cycles, prefill_s=sum(s.prefill_time_s for s in stats),
-                   draft_ms=1e3 * sum(s.draft_time_s for s in stats) / max(cycles, 1),
-                   verify_ms=1e3 * sum(s.verify_time_s - s.prefill_time_s for s in stats) / max(cycles, 1),
-                   other_ms=1e3 * sum(s.other_time_s for s in stats) / max(cycles, 1))
+        out.update(prefill_s=sum(s.prefill_time_s for s in stats), **per_cycle_ms(stats))
         k = max(len(s.per_position_acceptance) for s in stats)
         if k:
             weights = [s.target_passes for s in stats]

@@ -315,7 +315,7 @@ def _tree_cycle(state, drafter, step_ctx, k, tree: TreeConfig, last_token, param
     t0 = time.perf_counter()
     start = state.next_pos.clone()
     step = state.extend_tree(draft_tree.tokens, draft_tree.depths, draft_tree.ancestors)
-    depth = tree.depth(k)
+    depth = min(tree.depth(k), draft_tree.tokens.shape[1] - 1)  # a budget under k nodes can't reach depth k
     if params.greedy:
         r = tree_verify(draft_tree.parents, draft_tree.tokens, step.logits, greedy=True, max_depth=depth)
     else:

@@ -96,3 +96,18 @@ def test_eagle3_tree_greedy_matches_plain():
     out = peagle.generate(target, drafter, PROMPTS, draft_k=5, max_new_tokens=41,
                           tree=peagle.TreeConfig("dynamic", num_nodes=16, expand=3))
     assert out.sequences == reference
+
+
+@pytest.mark.parametrize("kind", ["peagle", "eagle3"])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_node_budget_below_depth(kind, temperature):
+    """1-2 nodes at draft_k 5: the tree is shallower than draft_k, and the loop must follow it."""
+    target, reference = setup("llama")
+    cls = peagle.Eagle3Drafter if kind == "eagle3" else peagle.PEagleDrafter
+    drafter = cls(peagle.DrafterConfig.for_target(target, num_layers=1))
+    for nodes in (1, 2):
+        out = peagle.generate(target, drafter, PROMPTS, draft_k=5, max_new_tokens=41, temperature=temperature,
+                              seed=3, tree=peagle.TreeConfig("dynamic", num_nodes=nodes, expand=2))
+        assert all(0 < len(s) <= 41 for s in out.sequences)
+        if temperature == 0.0:
+            assert out.sequences == reference, (kind, nodes)

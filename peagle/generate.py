@@ -18,6 +18,7 @@ from typing import Iterable, Sequence
 import torch
 
 from .autok import DraftKPolicy, make_policy
+from .autotree import TreeSizePolicy, accepted_by_budget, make_tree_policy
 from .drafters.base import Drafter, DraftStep
 from .prompts import Prompts, encode_prompts
 from .sampling import SamplingParams, sample_from_weights, target_probs
@@ -52,8 +53,8 @@ def _check_types(*, seed, tree) -> None:
     """Wrong types fail here, naming the argument, not inside torch further in."""
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
         raise ValueError(f"seed must be an integer or None, got {seed!r}")
-    if tree is not None and not isinstance(tree, TreeConfig):
-        raise ValueError(f"tree must be a peagle.TreeConfig or None, got {tree!r}")
+    if tree is not None and not isinstance(tree, (TreeConfig, TreeSizePolicy)):
+        raise ValueError(f"tree must be a peagle.TreeConfig, a peagle.autotree.TreeSizePolicy or None, got {tree!r}")
 
 
 def _stop_ids(target: Target, stop) -> tuple[set[int], list[str]]:
@@ -110,7 +111,7 @@ def generate(
     seed: int | None = None,
     stop: str | int | Sequence[str | int] | None = None,
     chat: bool = False,
-    tree: TreeConfig | None = None,
+    tree: TreeConfig | TreeSizePolicy | None = None,
 ) -> GenerationOutput:
     """Speculative (or, with ``drafter=None``, plain) decoding; output is exactly the target's.
 
@@ -127,6 +128,8 @@ def generate(
         chat: apply the tokenizer's chat template to string prompts.
         tree: verify a tree of candidates per cycle instead of a chain (peagle.TreeConfig);
             needs a drafter with ``draft_tree`` (P-EAGLE, EAGLE-3); draft_k is the tree's depth.
+            ``TreeConfig(num_nodes="auto")`` (or a :class:`peagle.autotree.TreeSizePolicy`) picks
+            the node budget every cycle from measured acceptance and costs.
     Returns:
         GenerationOutput with ``sequences`` (token ids per prompt, prompt excluded), ``texts``,
         and ``stats`` (acceptance length, per-position acceptance, timings).
@@ -141,6 +144,9 @@ def generate(
     _validate(target, drafter, draft_k, max_new_tokens, prompt_ids)
     if tree is not None and not hasattr(drafter, "draft_tree"):
         raise ValueError("tree needs a drafter that builds draft trees (draft_tree): PEagleDrafter or Eagle3Drafter")
+    tree_policy = make_tree_policy(tree)
+    if tree_policy is not None and policy is not None:
+        raise ValueError("tree num_nodes='auto' needs an integer draft_k (the tree's depth), not draft_k='auto'")
     if drafter is not None:
         drafter.bind(target)
     k_max = draft_k if drafter is not None else 0
@@ -208,10 +214,15 @@ def generate(
         left = {b: max_new_tokens - len(rows.outputs[b]) for b in active}  # row -> tokens it may still emit
         remaining = max(left.values())
         k = min(k_max if policy is None else policy.choose(len(active), left), remaining - 1)
+        cycle_tree = tree
+        if tree_policy is not None:  # this cycle's node budget; 0 nodes: a plain step
+            nodes = tree_policy.choose(len(active))
+            cycle_tree, k = (tree_policy.tree(nodes), k) if nodes > 0 else (None, 0)
         # 2-3. draft and verify (a chain, or a tree of candidates), 5. roll back the target
         step_ctx = DraftStep(**pending, history=history, history_lens=history_lens, sampling=params, generator=generator)
-        if tree is not None and k > 0:
-            result, aux, positions, t_draft, t_verify = _tree_cycle(state, drafter, step_ctx, k, tree, last_token, params, generator)
+        path = None
+        if cycle_tree is not None and k > 0:
+            result, aux, positions, t_draft, t_verify, path = _tree_cycle(state, drafter, step_ctx, k, cycle_tree, last_token, params, generator)
         else:
             result, aux, positions, t_draft, t_verify = _chain_cycle(state, drafter, step_ctx, k, last_token, params, generator)
         draft_time += t_draft
@@ -246,6 +257,10 @@ def generate(
         pending = new_pairs if k > 0 or drafter is None else _append_pairs(pending, new_pairs)
         if policy is not None:
             policy.observe(k, len(active), t_draft, t_verify, result.num_accepted, rows=active)
+        if tree_policy is not None:
+            nodes = cycle_tree.num_nodes if path is not None else 0
+            tree_policy.observe(nodes, len(active), t_draft, t_verify,
+                                accepted_by_budget(path, nodes) if path is not None else None)
 
     _sync(device)
     wall = time.perf_counter() - t_start
@@ -303,7 +318,8 @@ def _chain_cycle(state, drafter, step_ctx, k, last_token, params, generator):
 
 
 def _tree_cycle(state, drafter, step_ctx, k, tree: TreeConfig, last_token, params, generator):
-    """One parallel pass -> a tree of candidates -> one target pass with a tree mask."""
+    """One parallel pass -> a tree of candidates -> one target pass with a tree mask.
+    Returns the chain cycle's five values and the accepted path [B, depth + 1] (node indices)."""
     from peagle.kernels import tree_verify
 
     device = last_token.device
@@ -333,7 +349,7 @@ def _tree_cycle(state, drafter, step_ctx, k, tree: TreeConfig, last_token, param
     aux = step.aux.gather(1, path.clamp_min(0)[..., None].expand(-1, -1, step.aux.shape[-1]))
     positions = start[:, None] + torch.arange(path.shape[1], device=device)
     _sync(device)
-    return result, aux, positions, t_draft, time.perf_counter() - t0
+    return result, aux, positions, t_draft, time.perf_counter() - t0, path
 
 
 def _verify(drafts, logits, q, params: SamplingParams, generator) -> VerifyResult:

@@ -13,8 +13,10 @@ same candidate children: the most likely tokens of q_d. Two shapes:
 An autoregressive drafter (EAGLE-3) has no such per-depth distributions; it grows its tree by
 EAGLE-2's expansion instead (``Eagle3Drafter.draft_tree``), and both end in ``tree_from_nodes``.
 
-Node 0 of every tree is the root (the last emitted token); nodes are ordered so that a parent
-precedes its children and siblings come in decreasing q (the order verification tries them).
+Node 0 of every tree is the root (the last emitted token). Dynamic trees list their nodes
+best-first (decreasing cumulative log q; ties: shallower first), so a parent precedes its children,
+siblings come in decreasing q (the order verification tries them), and every prefix of the nodes
+is itself the tree of that smaller budget (``peagle.autotree`` relies on it).
 """
 from __future__ import annotations
 
@@ -27,20 +29,29 @@ import torch
 @dataclass(frozen=True)
 class TreeConfig:
     kind: str = "dynamic"  # "dynamic" (best cumulative log q under a node budget) or "static"
-    num_nodes: int = 32  # dynamic: draft nodes (root excluded)
+    num_nodes: int | str = 32  # dynamic: draft nodes (root excluded), or "auto" (peagle.autotree)
     expand: int = 4  # EAGLE-3 trees: nodes expanded per depth, and candidates per expanded node
     branching: tuple[int, ...] = (4, 2, 2, 1, 1, 1, 1)  # static: candidates per depth
+    max_nodes: int = 32  # num_nodes="auto": the largest budget the policy may choose
 
     def __post_init__(self) -> None:
         if self.kind not in ("dynamic", "static"):
             raise ValueError(f"tree kind must be 'dynamic' or 'static', got {self.kind!r}")
-        if self.num_nodes < 1:
-            raise ValueError(f"tree num_nodes must be >= 1, got {self.num_nodes}")
+        if self.num_nodes == "auto":
+            if self.kind != "dynamic":
+                raise ValueError("tree num_nodes='auto' needs kind='dynamic' (a static tree's size is its branching)")
+        elif isinstance(self.num_nodes, bool) or not isinstance(self.num_nodes, int) or self.num_nodes < 1:
+            raise ValueError(f"tree num_nodes must be an integer >= 1 or 'auto', got {self.num_nodes!r}")
+        if isinstance(self.max_nodes, bool) or not isinstance(self.max_nodes, int) or self.max_nodes < 1:
+            raise ValueError(f"tree max_nodes must be an integer >= 1, got {self.max_nodes!r}")
         if not self.branching or any(b < 1 for b in self.branching):
             raise ValueError(f"tree branching must be a non-empty tuple of ints >= 1, got {self.branching}")
 
     def depth(self, draft_k: int) -> int:
-        return draft_k if self.kind == "dynamic" else min(draft_k, len(self.branching))
+        """Drafted depth: draft_k, capped by what the tree can reach (n nodes reach depth n at most)."""
+        if self.kind == "static":
+            return min(draft_k, len(self.branching))
+        return min(draft_k, self.max_nodes if self.num_nodes == "auto" else self.num_nodes)
 
     def max_width(self, draft_k: int) -> int:
         """Candidates needed per depth."""

@@ -43,7 +43,7 @@ def test_quick_sweep_writes_tables_csv_plots_and_a_final_json_line(tmp_path, cap
     assert any(RANDOM_HEAD_WARNING in n for n in doc["notes"])
     # the human report: seed-format table, peers, auto check, then files
     assert "| Concurrency | P-EAGLE K=3 | EAGLE-3 K=3 | Baseline | P-EAGLE / EAGLE-3 | P-EAGLE / Baseline |" in stdout
-    assert "draft_k=auto vs the best fixed draft_k" in stdout
+    assert "draft_k=auto (and tree_nodes=auto) vs the best fixed setting" in stdout
     with open(tmp_path / "rows.csv") as f:
         assert len(list(csv.DictReader(f))) == len(rows)
     for name in ("otps_vs_concurrency.png", "acceptance_by_position.png", "speedup_vs_draft_k.png"):
@@ -253,5 +253,13 @@ def test_tree_arms_sweep_node_budgets_and_keep_them_apart_in_the_report(tmp_path
     trees = [r for r in rows if r["arm"] == "peagle_tree"]
     assert [r["tree_nodes"] for r in trees] == [4, 8] and all(r["identical_to_plain"] == 1.0 for r in trees)
     assert "| P-EAGLE tree K=3 4 nodes | P-EAGLE tree K=3 8 nodes |" in out  # two columns, not one
+    argv[argv.index("4,8")] = "4,auto"
+    argv[argv.index(str(tmp_path))] = str(tmp_path / "auto")
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = json.loads(out.strip().splitlines()[-1])["rows"]
+    auto = next(r for r in rows if r["tree_nodes"] == "auto")
+    assert auto["identical_to_plain"] == 1.0 and 0 <= auto["mean_nodes"] <= 32
+    assert "| P-EAGLE tree K=3 auto nodes | 1 |" in out and "| 4 nodes |" in out  # the auto-vs-best row
     with pytest.raises(SystemExit, match="--tree-nodes"):
         bench.main(["--quick", "--tree-nodes", "0", "--out", str(tmp_path)])

@@ -76,9 +76,11 @@ def _k(x: str):
     return "auto" if x == "auto" else int(x)
 
 
-def _tree_nodes(x: str) -> int:
+def _tree_nodes(x: str) -> int | str:
+    if x == "auto":
+        return x
     if not x.isdigit() or int(x) < 1:
-        raise SystemExit(f"--tree-nodes must be a comma list of integers >= 1, got {x!r}")
+        raise SystemExit(f"--tree-nodes must be a comma list of integers >= 1 and/or auto, got {x!r}")
     return int(x)
 
 

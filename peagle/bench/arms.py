@@ -16,6 +16,7 @@ import torch
 
 import peagle
 from peagle.autok import DraftKPolicy
+from peagle.autotree import TreeSizePolicy
 
 ARMS = ("plain", "eagle3", "peagle", "ngram", "hf_generate", "hf_prompt_lookup", "peagle_tree", "eagle3_tree")
 LABELS = {"plain": "plain", "eagle3": "EAGLE-3", "peagle": "P-EAGLE", "ngram": "n-gram",
@@ -23,7 +24,8 @@ LABELS = {"plain": "plain", "eagle3": "EAGLE-3", "peagle": "P-EAGLE", "ngram": "
           "peagle_tree": "P-EAGLE tree", "eagle3_tree": "EAGLE-3 tree"}
 DRAFTING = ("eagle3", "peagle", "ngram", "hf_prompt_lookup", "peagle_tree", "eagle3_tree")  # arms that take a draft_k
 PEAGLE_ARMS = ("plain", "eagle3", "peagle", "ngram", "peagle_tree", "eagle3_tree")  # arms that run peagle.generate
-#: tree arms: the drafter they use; the tree is dynamic, draft_k deep, ArmSpec.tree_nodes nodes
+#: tree arms: the drafter they use; the tree is dynamic, draft_k deep, ArmSpec.tree_nodes nodes (or "auto":
+#: peagle.autotree.TreeSizePolicy picks the budget every cycle)
 TREE_ARMS = {"peagle_tree": "peagle", "eagle3_tree": "eagle3"}
 DEFAULT_TREE_NODES = 32
 #: draft_k="auto" objectives (peagle.autok.DraftKPolicy), the default first: the batch's slowest row, or
@@ -35,7 +37,7 @@ AUTO_RULES = ("slowest_row", "pooled")
 class ArmSpec:
     arm: str  # one of ARMS
     draft_k: int | str = 0  # 0 for arms without drafts; "auto" = peagle.autok.DraftKPolicy
-    tree_nodes: int = 0  # tree arms: the dynamic tree's node budget; 0 for the others
+    tree_nodes: int | str = 0  # tree arms: the dynamic tree's node budget or "auto"; 0 for the others
     auto_rule: str = ""  # draft_k="auto": one of AUTO_RULES; "" otherwise
 
     @property
@@ -61,6 +63,7 @@ class CallResult:
     accepted: int  # drafts accepted, summed over rows
     stats: peagle.GenerationStats | None = None  # peagle arms only
     chosen_k: list[int] = field(default_factory=list)  # draft_k="auto": k per cycle
+    chosen_nodes: list[int] = field(default_factory=list)  # tree_nodes="auto": node budget per cycle
 
     @property
     def new_tokens(self) -> int:
@@ -126,23 +129,24 @@ class ArmRunner:
         return None
 
     def __call__(self, spec: ArmSpec, prompts: list[list[int]], *, max_new_tokens: int, temperature: float,
-                 seed: int, policy: DraftKPolicy | None = None) -> CallResult:
+                 seed: int, policy: DraftKPolicy | TreeSizePolicy | None = None) -> CallResult:
         if spec.arm in PEAGLE_ARMS:
             return self._peagle(spec, prompts, max_new_tokens, temperature, seed, policy)
         return self._hf(spec, prompts, max_new_tokens, temperature, seed)
 
     def _peagle(self, spec, prompts, max_new_tokens, temperature, seed, policy) -> CallResult:
         drafter = None if spec.arm == "plain" else self.drafters[TREE_ARMS.get(spec.arm, spec.arm)]
+        sized = isinstance(policy, TreeSizePolicy)  # the policy (kept across calls) sizes the tree
         draft_k = policy if spec.draft_k == "auto" else (spec.draft_k or 1)
         start = len(policy.history) if policy is not None else 0
         t0 = time.perf_counter()
         out = peagle.generate(self.target, drafter, prompts, draft_k=draft_k, max_new_tokens=max_new_tokens,
-                              temperature=temperature, seed=seed, tree=spec.tree)
+                              temperature=temperature, seed=seed, tree=policy if sized else spec.tree)
         wall = time.perf_counter() - t0
         s = out.stats
         chosen = list(policy.history[start:]) if policy is not None else []
         return CallResult([count_emitted(x, self.eos_ids) for x in out.sequences], wall, s.target_passes,
-                          s.accepted_tokens, s, chosen)
+                          s.accepted_tokens, s, [] if sized else chosen, chosen if sized else [])
 
     def _hf(self, spec, prompts, max_new_tokens, temperature, seed) -> CallResult:
         from transformers import GenerationConfig

@@ -17,7 +17,7 @@ from statistics import median
 
 from .arms import DRAFTING, LABELS
 
-CSV_FIELDS = ["dataset", "temperature", "batch_size", "arm", "label", "draft_k", "tree_nodes", "mean_draft_k", "otps",
+CSV_FIELDS = ["dataset", "temperature", "batch_size", "arm", "label", "draft_k", "tree_nodes", "mean_draft_k", "mean_nodes", "otps",
               "speedup_vs_baseline", "acceptance_length", "identical_to_plain", "first_divergence",
               "divergence_gap_max", "new_tokens", "wall_s",
               "draft_ms", "verify_ms", "other_ms", "prefill_s", "cycles", "max_new_tokens", "n_prompts",
@@ -135,7 +135,7 @@ def detail_table(rows: list[dict]) -> str:
                      f"{r['speedup_vs_baseline']:.2f}x" if r.get("speedup_vs_baseline") else "-",
                      _fmt(r.get("acceptance_length"), 2), _fmt(r.get("draft_ms"), 1), _fmt(r.get("verify_ms"), 1),
                      _fmt(r.get("other_ms"), 1), _identical(r),
-                     _fmt(r.get("mean_draft_k"), 1)])
+                     _fmt(r.get("mean_draft_k"), 1) if r.get("mean_nodes") is None else f"{r['mean_nodes']:.1f} nodes"])
     return _table(header, body)
 
 
@@ -165,6 +165,18 @@ def auto_table(rows: list[dict]) -> str:
         rule = " (pooled)" if r.get("auto_rule") == "pooled" else ""
         body.append([LABELS[r["arm"]] + rule, r["batch_size"], r["otps"], f"K={best['draft_k']}", best["otps"],
                      f"{ratio:.3f}x", "yes" if round(ratio, 3) >= 0.95 else "no", _fmt(r.get("mean_draft_k"), 1)])
+    for r in rows:  # tree_nodes="auto" against the best fixed budget at the same depth
+        if r.get("tree_nodes") != "auto":
+            continue
+        fixed = [x for x in rows if x["arm"] == r["arm"] and x["batch_size"] == r["batch_size"]
+                 and x["draft_k"] == r["draft_k"] and x.get("tree_nodes") != "auto"]
+        if not fixed:
+            continue
+        best = max(fixed, key=lambda x: x["otps"])
+        ratio = _paired_ratio(r, best)
+        body.append([f"{LABELS[r['arm']]} K={r['draft_k']} auto nodes", r["batch_size"], r["otps"],
+                     f"{best['tree_nodes']} nodes", best["otps"], f"{ratio:.3f}x",
+                     "yes" if round(ratio, 3) >= 0.95 else "no", f"{r.get('mean_nodes', 0):.1f} nodes"])
     if not body:
         return ""
     return _table(["Arm", "Concurrency", "auto OTPS", "Best fixed", "Best fixed OTPS", "auto / best (paired)",
@@ -183,7 +195,7 @@ def human_report(rows: list[dict], notes: list[str], meta: dict) -> str:
         out += [f"{title}: other arms, OTPS", peers_table(group), ""]
         auto = auto_table(group)
         if auto:
-            out += [f"{title}: draft_k=auto vs the best fixed draft_k", auto, ""]
+            out += [f"{title}: draft_k=auto (and tree_nodes=auto) vs the best fixed setting", auto, ""]
         out += [f"{title}: every row (time split per cycle from GenerationStats)", detail_table(group), ""]
     out += [f"note: {n}" for n in notes]
     if any(r.get("identical_to_plain") is not None and r["identical_to_plain"] < 1.0 for r in rows):
@@ -251,7 +263,7 @@ def write_plots(rows: list[dict], out_dir: Path) -> list[Path]:
     for ax, b in zip(axes[0], batches):
         for gi, ((dataset, temp), g) in enumerate(groups):
             lines = sorted({(r["arm"], r.get("tree_nodes") or 0) for r in g if r["arm"] in DRAFTING},
-                           key=lambda key: (DRAFTING.index(key[0]), key[1]))  # one line per arm and tree size
+                           key=lambda key: (DRAFTING.index(key[0]), str(key[1]).zfill(4)))  # one line per arm and tree size
             for arm, nodes in lines:
                 pts = sorted((r["draft_k"], r["speedup_vs_baseline"]) for r in g if r["arm"] == arm and r["batch_size"] == b
                              and (r.get("tree_nodes") or 0) == nodes and r["draft_k"] != "auto" and r.get("speedup_vs_baseline"))

@@ -13,6 +13,7 @@ from statistics import median
 from tqdm.auto import tqdm
 
 from peagle.autok import make_policy
+from peagle.autotree import TreeSizePolicy
 from peagle.stats import per_cycle_ms
 
 from .arms import AUTO_RULES, DEFAULT_TREE_NODES, DRAFTING, TREE_ARMS, ArmRunner, ArmSpec, CallResult, first_divergence
@@ -28,7 +29,7 @@ class SweepConfig:
     repeats: int = 1
     warmup: int = 1  # warm-up calls per arm and group (first chunk, at most 16 new tokens)
     seed: int = 0
-    tree_nodes: tuple[int, ...] = (DEFAULT_TREE_NODES,)  # node budgets of the tree arms
+    tree_nodes: tuple = (DEFAULT_TREE_NODES,)  # node budgets of the tree arms: ints and/or "auto"
     auto_rules: tuple[str, ...] = AUTO_RULES[:1]  # draft_k="auto" runs once per rule, side by side
 
     def specs(self) -> list[ArmSpec]:
@@ -75,6 +76,9 @@ def _aggregate(calls: list[CallResult]) -> dict:
     chosen = [k for c in calls for k in c.chosen_k]
     if chosen:
         out["mean_draft_k"] = sum(chosen) / len(chosen)
+    nodes = [n for c in calls for n in c.chosen_nodes]
+    if nodes:
+        out["mean_nodes"] = sum(nodes) / len(nodes)
     return out
 
 
@@ -108,6 +112,8 @@ def run_group(runner: ArmRunner, cfg: SweepConfig, prompts: list[list[int]], *, 
         if spec.draft_k == "auto":
             policies[spec] = make_policy("auto", runner.drafters[spec.arm],
                                          slowest_row=spec.auto_rule == "slowest_row")
+        elif spec.tree_nodes == "auto":
+            policies[spec] = TreeSizePolicy(spec.tree)
         for _ in range(cfg.warmup):
             runner(spec, batches[0], max_new_tokens=min(16, cfg.max_new_tokens), temperature=temperature,
                    seed=cfg.seed, policy=policies.get(spec))

@@ -100,12 +100,12 @@ class Eagle3Drafter(DraftHead):
 
 
 def _best_subtree(tokens, scores, parents, depths, root, budget) -> DraftTree:
-    """Keep each row's `budget` best nodes (ids 1..), parents first, as a DraftTree."""
+    """Keep each row's `budget` best nodes (ids 1..) as a DraftTree, best-first (peagle.tree)."""
     rows = []
     keep = scores.topk(min(budget, scores.shape[1]), dim=-1).indices.tolist()
     tok, par, dep, sc = tokens.tolist(), parents.tolist(), depths.tolist(), scores.tolist()
     for b, chosen in enumerate(keep):
-        chosen = sorted(chosen, key=lambda j: (dep[b][j], -sc[b][j]))
+        chosen = sorted(chosen, key=lambda j: (-sc[b][j], dep[b][j]))  # a child never outranks its parent
         index = {0: 0}
         nodes = []
         for j in chosen:

@@ -1,0 +1,179 @@
+"""Adaptive tree size: a cost model that picks the tree's node budget every cycle
+(``tree=peagle.TreeConfig(num_nodes="auto")``).
+
+More nodes accept more tokens per cycle and cost more to verify: n nodes put n + 1 tokens through
+the target. Where a multi-token forward is nearly free (a GPU at small batch, a CPU with AMX) big
+trees pay; on a CPU without AMX (docs/benchmarks.md) verifying 33 tokens costs 3.4 plain steps and
+only a handful of nodes pays. The policy measures both sides and picks, for n = 0..max_nodes,
+
+    n* = argmax_n E(n) / T(n)          (n = 0: a plain decoding cycle)
+
+E(n): tokens emitted per row-cycle with an n-node tree. Dynamic trees list their nodes best-first
+(peagle.tree), so the first n nodes of a verified N-node tree are the tree an n budget would have
+built, and under greedy verification its accepted path is the full path cut before its first node
+past n (node indices grow along a path). One verified tree thus tells what every smaller budget
+would have accepted (``accepted_by_budget``), and E(n) = 1 + the mean of that over recent
+row-cycles that verified at least n nodes. Under sampling the count is an estimate (other draws);
+it only steers the budget, never what is emitted.
+
+T(n) = D(n) + V(n + 1) + O: drafting (one pass for P-EAGLE, nearly flat in n) and verification are
+straight lines fitted to the per-n medians of the last ``window`` cycles at the nearest measured
+batch size (``peagle.autok`` fits them the same way); T(0) is a measured plain step.
+
+Above the largest budget verified recently E(n) is unknown, so every ``probe_every`` cycles one
+cycle verifies a bigger tree (1.5 n* + 1), and every ``plain_every`` cycles one is a plain step.
+Worked example with this repo's CPU numbers (bench-small-trees, P-EAGLE depth 3): E = 1.50 / 1.67 /
+1.81 and T = 83 / 91 / 106 ms for 2 / 4 / 8 nodes against a 55 ms plain step give rates
+18.1 / 18.4 / 17.1 / 18.1 tokens/s (plain last): the policy settles near 4 nodes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import defaultdict, deque
+
+import torch
+
+from .autok import _fit_line, _typical
+from .tree import TreeConfig
+
+
+def accepted_by_budget(path: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """path [B, P] accepted node indices (root first, -1 padded) of a best-first tree with
+    num_nodes nodes -> [B, num_nodes + 1]: drafts a tree of the first n nodes would have accepted,
+    n = 0..num_nodes (greedy; an estimate under sampling)."""
+    nodes = path[:, 1:].to("cpu")  # [B, P - 1]
+    budgets = torch.arange(num_nodes + 1)
+    return ((nodes[:, :, None] >= 1) & (nodes[:, :, None] <= budgets)).sum(1)
+
+
+class TreeSizePolicy:
+    """Chooses the dynamic tree's node budget per cycle from measured acceptance and costs.
+
+    Args:
+        config: the tree (kind "dynamic"; its ``max_nodes`` bounds the choice, ``expand`` is kept).
+        window: recent cycles kept per batch size for the cost lines.
+        records: recent cycles kept for E(n).
+        probe_every: every this many cycles, verify a bigger tree than the choice.
+        plain_every: every this many cycles, one plain step (keeps T(0) measured).
+    """
+
+    def __init__(self, config: TreeConfig | None = None, window: int = 48, records: int = 256,
+                 probe_every: int = 4, plain_every: int = 32):
+        config = config or TreeConfig("dynamic", num_nodes="auto")
+        if config.kind != "dynamic":
+            raise ValueError(f"TreeSizePolicy needs a dynamic tree, got kind={config.kind!r}")
+        if probe_every < 2 or plain_every < 2:
+            raise ValueError(f"probe_every and plain_every must be >= 2, got {probe_every}, {plain_every}")
+        self.config, self.max_nodes = config, config.max_nodes
+        self.probe_every, self.plain_every = probe_every, plain_every
+        self._records: deque = deque(maxlen=records)  # (nodes, accepted counts [nodes + 1] over rows, rows)
+        self._draft: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))  # batch -> (n, s)
+        self._verify: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))  # batch -> (n, s)
+        self._plain: dict[int, deque] = defaultdict(lambda: deque(maxlen=4))  # batch -> plain-step s
+        self._other: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))
+        self._seen_batch: set[int] = set()
+        self._cycles = 0
+        self._t_choose: float | None = None
+        self.history: list[int] = []  # nodes chosen each cycle (0: plain)
+
+    def tree(self, num_nodes: int) -> TreeConfig:
+        """The concrete tree for one cycle."""
+        return dataclasses.replace(self.config, num_nodes=num_nodes)
+
+    # -- the model --------------------------------------------------------------------
+    def expected_tokens(self) -> torch.Tensor:
+        """[max_nodes + 1] E(n); NaN where no recent cycle verified n nodes."""
+        accepted = torch.zeros(self.max_nodes + 1, dtype=torch.float64)
+        rows = torch.zeros(self.max_nodes + 1, dtype=torch.float64)
+        for n, counts, r in self._records:
+            accepted[: n + 1] += counts
+            rows[: n + 1] += r
+        e = 1 + accepted / rows
+        e[0] = 1.0
+        return e
+
+    @staticmethod
+    def _line(table: dict, batch_size: int) -> tuple[float, float] | None:
+        """a + b*n fitted at the measured batch size nearest to batch_size (ties: the smaller)."""
+        sizes = [b for b, v in table.items() if v]
+        if not sizes:
+            return None
+        size = min(sizes, key=lambda b: (abs(b - batch_size), b))
+        by_n: dict[int, list[float]] = defaultdict(list)
+        for n, seconds in table[size]:
+            by_n[n].append(seconds)
+        return _fit_line(by_n)
+
+    def cycle_time(self, batch_size: int) -> torch.Tensor | None:
+        """[max_nodes + 1] predicted seconds per cycle, or None before a tree cycle was timed."""
+        verify, draft = self._line(self._verify, batch_size), self._line(self._draft, batch_size)
+        if verify is None or draft is None:
+            return None
+        n = torch.arange(self.max_nodes + 1, dtype=torch.float64)
+        other = [s for b in self._other.values() for s in b]
+        t = draft[0] + draft[1] * n + verify[0] + verify[1] * (n + 1) + (_typical(other) if other else 0.0)
+        plain = [s for b, v in self._plain.items() for s in v if b == batch_size] or [s for v in self._plain.values() for s in v]
+        t[0] = _typical(plain) + (_typical(other) if other else 0.0) if plain else verify[0] + verify[1]
+        return t.clamp_min(1e-9)
+
+    def best_nodes(self, batch_size: int, *, min_nodes: int = 0) -> int:
+        """argmax_n E(n) / T(n) over budgets with a measured E(n) (>= min_nodes)."""
+        t = self.cycle_time(batch_size)
+        if t is None:
+            return self.max_nodes
+        rate = (self.expected_tokens() / t).nan_to_num(nan=-1.0)
+        rate[:min_nodes] = -1.0
+        return int(rate.argmax())
+
+    # -- the hooks generate() calls ---------------------------------------------------
+    def choose(self, batch_size: int) -> int:
+        """Node budget for the next cycle (0: a plain decoding step)."""
+        self._t_choose = time.perf_counter()
+        # Seed: a warm-up (not timed), the largest tree (E(n) for every n), a small one, a plain step.
+        seed = [min(8, self.max_nodes), self.max_nodes, min(2, self.max_nodes), 0]
+        if self._cycles < len(seed):
+            n = seed[self._cycles]
+        else:
+            n = self.best_nodes(batch_size)
+            if self._cycles % self.probe_every == 0:
+                base = n or self.best_nodes(batch_size, min_nodes=1)  # plain now: keep drafting measured
+                n = min(self.max_nodes, base + base // 2 + 1) if n else base
+            elif n > 0 and self._cycles % self.plain_every == self.plain_every - 1:
+                n = 0
+        self.history.append(n)
+        return n
+
+    def observe(self, num_nodes: int, batch_size: int, draft_s: float, verify_s: float,
+                accepted: torch.Tensor | None) -> None:
+        """Record one cycle: its budget (0: plain), batch size, times, and for a tree cycle
+        ``accepted_by_budget`` [B, num_nodes + 1]."""
+        self._cycles += 1
+        cycle_s = time.perf_counter() - self._t_choose if self._t_choose is not None else draft_s + verify_s
+        self._t_choose = None
+        if batch_size in self._seen_batch:  # a batch size's first cycle is a warm-up
+            if num_nodes > 0:
+                self._draft[batch_size].append((num_nodes, draft_s))
+                self._verify[batch_size].append((num_nodes, verify_s))
+            else:
+                self._plain[batch_size].append(verify_s)
+            self._other[batch_size].append(max(cycle_s - draft_s - verify_s, 0.0))
+        self._seen_batch.add(batch_size)
+        if num_nodes > 0 and accepted is not None:
+            self._records.append((num_nodes, accepted.sum(0).double(), accepted.shape[0]))
+
+    def summary(self) -> dict:
+        """Mean chosen budget and the current E(n) (for reports)."""
+        hist = self.history
+        return {"mean_nodes": sum(hist) / len(hist) if hist else 0.0, "cycles": self._cycles,
+                "expected_tokens": [round(x, 3) for x in self.expected_tokens().nan_to_num(nan=0.0).tolist()]}
+
+
+def make_tree_policy(tree) -> TreeSizePolicy | None:
+    """``TreeConfig(num_nodes="auto")`` -> a fresh TreeSizePolicy; a TreeSizePolicy passes through;
+    a fixed tree (or None) -> None."""
+    if isinstance(tree, TreeSizePolicy):
+        return tree
+    if isinstance(tree, TreeConfig) and tree.num_nodes == "auto":
+        return TreeSizePolicy(tree)
+    return None

@@ -22,9 +22,9 @@ batch size (``peagle.autok`` fits them the same way); T(0) is a measured plain s
 
 Above the largest budget verified recently E(n) is unknown, so every ``probe_every`` cycles one
 cycle verifies a bigger tree (1.5 n* + 1), and every ``plain_every`` cycles one is a plain step.
-Worked example with this repo's CPU numbers (bench-small-trees, P-EAGLE depth 3): E = 1.50 / 1.67 /
-1.81 and T = 83 / 91 / 106 ms for 2 / 4 / 8 nodes against a 55 ms plain step give rates
-18.1 / 18.4 / 17.1 / 18.1 tokens/s (plain last): the policy settles near 4 nodes.
+Worked example, measured on a CPU without AMX (docs/benchmarks.md, P-EAGLE trees at depth 3):
+E = 1.50 / 1.67 / 1.81 and T = 83 / 91 / 107 ms for 2 / 4 / 8 nodes, a 55.5 ms plain step:
+    n=0: 18.0 tokens/s    n=2: 18.1    n=4: 18.4  <- chosen    n=8: 17.0
 """
 from __future__ import annotations
 
@@ -67,7 +67,13 @@ class TreeSizePolicy:
             raise ValueError(f"probe_every and plain_every must be >= 2, got {probe_every}, {plain_every}")
         self.config, self.max_nodes = config, config.max_nodes
         self.probe_every, self.plain_every = probe_every, plain_every
-        self._records: deque = deque(maxlen=records)  # (nodes, accepted counts [nodes + 1] over rows, rows)
+        # E(n) from the last `records` tree cycles, kept as running sums (the policy runs every cycle)
+        self._records: deque = deque()  # (nodes, accepted counts [nodes + 1] summed over rows, rows)
+        self._max_records = records
+        self._accepted_sum = [0.0] * (self.max_nodes + 1)  # [n]: accepted(n) over recorded row-cycles
+        self._rows_sum = [0] * (self.max_nodes + 1)  # [n]: row-cycles that verified >= n nodes
+        self.refit_every = 4
+        self._best: dict[int, int] = {}  # batch size -> last best_nodes
         self._draft: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))  # batch -> (n, s)
         self._verify: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))  # batch -> (n, s)
         self._plain: dict[int, deque] = defaultdict(lambda: deque(maxlen=4))  # batch -> plain-step s
@@ -84,14 +90,16 @@ class TreeSizePolicy:
     # -- the model --------------------------------------------------------------------
     def expected_tokens(self) -> torch.Tensor:
         """[max_nodes + 1] E(n); NaN where no recent cycle verified n nodes."""
-        accepted = torch.zeros(self.max_nodes + 1, dtype=torch.float64)
-        rows = torch.zeros(self.max_nodes + 1, dtype=torch.float64)
-        for n, counts, r in self._records:
-            accepted[: n + 1] += counts
-            rows[: n + 1] += r
+        accepted = torch.tensor(self._accepted_sum, dtype=torch.float64)
+        rows = torch.tensor(self._rows_sum, dtype=torch.float64)
         e = 1 + accepted / rows
         e[0] = 1.0
         return e
+
+    def _record(self, num_nodes: int, counts: list[float], rows: int, sign: int = 1) -> None:
+        for n in range(num_nodes + 1):
+            self._accepted_sum[n] += sign * counts[n]
+            self._rows_sum[n] += sign * rows
 
     @staticmethod
     def _line(table: dict, batch_size: int) -> tuple[float, float] | None:
@@ -135,7 +143,9 @@ class TreeSizePolicy:
         if self._cycles < len(seed):
             n = seed[self._cycles]
         else:
-            n = self.best_nodes(batch_size)
+            if self._cycles % self.refit_every == 0 or batch_size not in self._best:
+                self._best[batch_size] = self.best_nodes(batch_size)  # ~0.2 ms: not every cycle
+            n = self._best[batch_size]
             if self._cycles % self.probe_every == 0:
                 base = n or self.best_nodes(batch_size, min_nodes=1)  # plain now: keep drafting measured
                 n = min(self.max_nodes, base + base // 2 + 1) if n else base
@@ -160,7 +170,11 @@ class TreeSizePolicy:
             self._other[batch_size].append(max(cycle_s - draft_s - verify_s, 0.0))
         self._seen_batch.add(batch_size)
         if num_nodes > 0 and accepted is not None:
-            self._records.append((num_nodes, accepted.sum(0).double(), accepted.shape[0]))
+            record = (num_nodes, accepted.sum(0).tolist(), accepted.shape[0])
+            self._records.append(record)
+            self._record(*record)
+            if len(self._records) > self._max_records:
+                self._record(*self._records.popleft(), sign=-1)
 
     def summary(self) -> dict:
         """Mean chosen budget and the current E(n) (for reports)."""

@@ -149,3 +149,22 @@ def test_auto_tree_sampling_runs_and_bad_combinations_fail():
         peagle.TreeConfig(num_nodes="many")
     with pytest.raises(ValueError, match="max_nodes"):
         peagle.TreeConfig(num_nodes="auto", max_nodes=0)
+
+
+def test_running_sums_forget_old_cycles():
+    """E(n) is kept as running sums over the last `records` tree cycles: they must equal a recount."""
+    policy = TreeSizePolicy(peagle.TreeConfig(num_nodes="auto", max_nodes=8), records=10)
+    g = torch.Generator().manual_seed(0)
+    seen = []
+    for i in range(37):
+        n = 1 + i % 8
+        counts = torch.randint(0, 3, (2, n + 1), generator=g).cummax(1).values  # non-decreasing in n
+        policy.observe(n, 2, 0.01, 0.05, counts)
+        seen.append((n, counts))
+    accepted, rows = torch.zeros(9, dtype=torch.float64), torch.zeros(9, dtype=torch.float64)
+    for n, counts in seen[-10:]:
+        accepted[: n + 1] += counts.sum(0)
+        rows[: n + 1] += 2
+    want = 1 + accepted / rows
+    want[0] = 1.0
+    assert torch.allclose(policy.expected_tokens(), want, equal_nan=True)

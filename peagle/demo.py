@@ -1,10 +1,11 @@
-"""`peagle demo`: plain decoding, EAGLE-3, P-EAGLE and n-gram drafting side by side.
+"""`peagle demo`: plain decoding, EAGLE-3, P-EAGLE (chain and tree) and n-gram drafting side by side.
 
 On the embedded SmolLM2-135M-Instruct (bf16), a couple of HumanEval problems and MT-Bench
 questions (chat template) run through every arm, one prompt at a time, in the same loop and with
 the same token count (up to and including eos, see ``peagle.bench.arms``). The table shows
 tokens/s, acceptance length, speed-up over plain decoding and whether each arm's output is
-identical to plain decoding, checked token by token. Trained heads are used when
+identical to plain decoding, checked token by token. The P-EAGLE tree arm sizes its tree for the
+machine (``TreeConfig(num_nodes="auto")``, peagle.autotree). Trained heads are used when
 ``peagle.load_drafter`` finds them; otherwise random-init heads run and the output says so.
 """
 from __future__ import annotations
@@ -17,7 +18,8 @@ import time
 from .stats import per_cycle_ms
 
 #: draft_k per arm unless --draft-k is given: EAGLE-3 peaks at small K, P-EAGLE deeper (docs/method)
-DEFAULT_K = {"plain": 0, "eagle3": 3, "peagle": 7, "ngram": 7}
+DEFAULT_K = {"plain": 0, "eagle3": 3, "peagle": 7, "peagle_tree": 7, "ngram": 7}
+TREE_NODES = "auto"  # the P-EAGLE tree arm: peagle.autotree sizes the tree for this machine
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from peagle import NgramDrafter
-    from peagle.bench.arms import LABELS, ArmRunner, ArmSpec, first_divergence
+    from peagle.bench.arms import LABELS, TREE_ARMS, ArmRunner, ArmSpec, first_divergence
     from peagle.bench.models import RANDOM_HEAD_WARNING, load_bench_target, load_head
     from peagle.bench.report import machine_info
     from peagle.evalsets import humaneval_prompts, mtbench_prompts
@@ -75,11 +77,15 @@ def run(args: argparse.Namespace) -> int:
     texts = humaneval_prompts(args.per_dataset) + mtbench_prompts(args.per_dataset)
     prompts = encode_prompts(target, texts, chat=True)
     k_override = None if args.draft_k is None else ("auto" if args.draft_k == "auto" else int(args.draft_k))
-    specs = [ArmSpec(arm, 0 if arm == "plain" else (k_override or k)) for arm, k in DEFAULT_K.items()]
+    specs = [ArmSpec(arm, 0 if arm == "plain" else (k_override or k), TREE_NODES if arm in TREE_ARMS else 0)
+             for arm, k in DEFAULT_K.items()
+             if not (arm in TREE_ARMS and k_override == "auto")]  # draft_k="auto" does not combine with auto trees
 
     from peagle.autok import make_policy
+    from peagle.autotree import TreeSizePolicy
 
     policies = {s: make_policy("auto", drafters[s.arm]) for s in specs if s.draft_k == "auto"}
+    policies.update({s: TreeSizePolicy(s.tree) for s in specs if s.tree_nodes == "auto"})
     results = {spec: [] for spec in specs}
     with tqdm(total=len(specs) * (len(prompts) + 1), desc="demo", unit="run", file=sys.stderr) as bar:
         for spec in specs:  # warm-up
@@ -110,7 +116,10 @@ def run(args: argparse.Namespace) -> int:
         gaps = [d[1] for d in div if d is not None]
         ties = ties or bool(gaps)
         chosen = [k for c in calls for k in c.chosen_k]
+        nodes = [n for c in calls for n in c.chosen_nodes]
         k = "-" if spec.arm == "plain" else (f"auto (mean {sum(chosen) / len(chosen):.1f})" if chosen else str(spec.draft_k))
+        if nodes:
+            k += f", auto tree (mean {sum(nodes) / len(nodes):.1f} nodes)"
         ident = "yes" if not gaps else f"{len(calls) - len(gaps)}/{len(calls)} prompts (ties: top-2 gap <= {max(gaps):.2f})"
         draft_ms, verify_ms = cycle_split(calls)
         lines.append(f"| {LABELS[spec.arm]} | {k} | {tokens / wall:.1f} | {acc:.2f} | {tokens / wall / plain_otps:.2f}x "

@@ -24,11 +24,13 @@ def test_demo_table_checks_identity_and_names_random_heads(capsys):
     assert ("| Arm | draft_k | Tokens/s | Acceptance length | Speed-up over plain | Draft + verify ms per cycle "
             "| Identical to plain |") in out
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| Arm")]
-    assert [r.split(" | ")[0] for r in rows] == ["| plain", "| EAGLE-3", "| P-EAGLE", "| n-gram"]
+    assert [r.split(" | ")[0] for r in rows] == ["| plain", "| EAGLE-3", "| P-EAGLE", "| P-EAGLE tree", "| n-gram"]
     assert all(r.split(" | ")[-1] == "yes |" for r in rows)  # checked token by token, all identical
-    assert [r.split(" | ")[1] for r in rows] == ["-", "3", "7", "7"]
+    assert [r.split(" | ")[1] for r in rows][:3] + [r.split(" | ")[1] for r in rows][4:] == ["-", "3", "7", "7"]
+    assert rows[3].split(" | ")[1].startswith("7, auto tree (mean ")
     splits = [[float(x) for x in r.split(" | ")[5].split(" + ")] for r in rows]
     assert splits[0][0] == 0.0 and all(v > 0 for _, v in splits) and all(d > 0 for d, _ in splits[1:3])
+    assert splits[3][0] > 0  # the tree drafted
     assert "Where the time goes: a plain step took" in out
     assert "random-init head: acceptance is meaningless" in out
     assert "Start of one answer (P-EAGLE" in out

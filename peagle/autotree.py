@@ -21,7 +21,8 @@ straight lines fitted to the per-n medians of the last ``window`` cycles at the 
 batch size (``peagle.autok`` fits them the same way); T(0) is a measured plain step.
 
 Above the largest budget verified recently E(n) is unknown, so every ``probe_every`` cycles one
-cycle verifies a bigger tree (1.5 n* + 1), and every ``plain_every`` cycles one is a plain step.
+cycle verifies a bigger tree (1.5 n* + 1; while n* = 0, every 2 ``probe_every`` cycles the best
+budget >= 1), and every ``plain_every`` cycles one is a plain step.
 Worked example, measured on a CPU without AMX (docs/benchmarks.md, P-EAGLE trees at depth 3):
 E = 1.50 / 1.67 / 1.81 and T = 83 / 91 / 107 ms for 2 / 4 / 8 nodes, a 55.5 ms plain step:
     n=0: 18.0 tokens/s    n=2: 18.1    n=4: 18.4  <- chosen    n=8: 17.0
@@ -120,9 +121,11 @@ class TreeSizePolicy:
             return None
         n = torch.arange(self.max_nodes + 1, dtype=torch.float64)
         other = [s for b in self._other.values() for s in b]
-        t = draft[0] + draft[1] * n + verify[0] + verify[1] * (n + 1) + (_typical(other) if other else 0.0)
-        plain = [s for b, v in self._plain.items() for s in v if b == batch_size] or [s for v in self._plain.values() for s in v]
-        t[0] = _typical(plain) + (_typical(other) if other else 0.0) if plain else verify[0] + verify[1]
+        o = _typical(other) if other else 0.0
+        t = draft[0] + draft[1] * n + verify[0] + verify[1] * (n + 1) + o
+        # A plain step: measured at this batch size, else at any, else the verify line at one token.
+        plain = self._plain.get(batch_size) or [s for v in self._plain.values() for s in v]
+        t[0] = (_typical(plain) if plain else verify[0] + verify[1]) + o
         return t.clamp_min(1e-9)
 
     def best_nodes(self, batch_size: int, *, min_nodes: int = 0) -> int:
@@ -146,7 +149,8 @@ class TreeSizePolicy:
             if self._cycles % self.refit_every == 0 or batch_size not in self._best:
                 self._best[batch_size] = self.best_nodes(batch_size)  # ~0.2 ms: not every cycle
             n = self._best[batch_size]
-            if self._cycles % self.probe_every == 0:
+            # While decoding plainly, probe half as often: each probe then costs more than it earns.
+            if self._cycles % (self.probe_every * (2 if n == 0 else 1)) == 0:
                 base = n or self.best_nodes(batch_size, min_nodes=1)  # plain now: keep drafting measured
                 n = min(self.max_nodes, base + base // 2 + 1) if n else base
             elif n > 0 and self._cycles % self.plain_every == self.plain_every - 1:

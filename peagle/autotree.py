@@ -21,8 +21,10 @@ straight lines fitted to the per-n medians of the last ``window`` cycles at the 
 batch size (``peagle.autok`` fits them the same way); T(0) is a measured plain step.
 
 Above the largest budget verified recently E(n) is unknown, so every ``probe_every`` cycles one
-cycle verifies a bigger tree (1.5 n* + 1; while n* = 0, every 2 ``probe_every`` cycles the best
-budget >= 1), and every ``plain_every`` cycles one is a plain step.
+cycle verifies a bigger tree (1.5 n* + 1), and every ``plain_every`` cycles one is a plain step.
+While n* = 0 (no tree pays) the best budget >= 1 is tried after 1, 2, 4, 8, 8, ... ``probe_every``
+cycles: each such probe costs more than it earns, and a run that decodes plainly should pay
+little for staying ready to draft.
 Worked example, measured on a CPU without AMX (docs/benchmarks.md, P-EAGLE trees at depth 3):
 E = 1.50 / 1.67 / 1.81 and T = 83 / 91 / 107 ms for 2 / 4 / 8 nodes, a 55.5 ms plain step:
     n=0: 18.0 tokens/s    n=2: 18.1    n=4: 18.4  <- chosen    n=8: 17.0
@@ -82,6 +84,8 @@ class TreeSizePolicy:
         self._seen_batch: set[int] = set()
         self._cycles = 0
         self._t_choose: float | None = None
+        self._plain_probes = 0  # probes since plain decoding became the choice
+        self._next_plain_probe = 0  # cycle of the next such probe
         self.history: list[int] = []  # nodes chosen each cycle (0: plain)
 
     def tree(self, num_nodes: int) -> TreeConfig:
@@ -149,12 +153,19 @@ class TreeSizePolicy:
             if self._cycles % self.refit_every == 0 or batch_size not in self._best:
                 self._best[batch_size] = self.best_nodes(batch_size)  # ~0.2 ms: not every cycle
             n = self._best[batch_size]
-            # While decoding plainly, probe half as often: each probe then costs more than it earns.
-            if self._cycles % (self.probe_every * (2 if n == 0 else 1)) == 0:
-                base = n or self.best_nodes(batch_size, min_nodes=1)  # plain now: keep drafting measured
-                n = min(self.max_nodes, base + base // 2 + 1) if n else base
-            elif n > 0 and self._cycles % self.plain_every == self.plain_every - 1:
-                n = 0
+            if n == 0:
+                # Decoding plainly: try the best tree now and then (a probe costs more than it earns
+                # here), backing off 2x per probe up to 8 probe_every while plain stays best.
+                if self._cycles >= self._next_plain_probe:
+                    n = self.best_nodes(batch_size, min_nodes=1)
+                    self._plain_probes += 1
+                    self._next_plain_probe = self._cycles + self.probe_every * min(2 ** self._plain_probes, 8)
+            else:
+                self._plain_probes, self._next_plain_probe = 0, self._cycles + self.probe_every
+                if self._cycles % self.probe_every == 0:
+                    n = min(self.max_nodes, n + n // 2 + 1)
+                elif self._cycles % self.plain_every == self.plain_every - 1:
+                    n = 0
         self.history.append(n)
         return n
 

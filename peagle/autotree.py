@@ -25,9 +25,10 @@ cycle verifies a bigger tree (1.5 n* + 1), and every ``plain_every`` cycles one 
 While n* = 0 (no tree pays) the best budget >= 1 is tried after 1, 2, 4, 8, 8, ... ``probe_every``
 cycles: each such probe costs more than it earns, and a run that decodes plainly should pay
 little for staying ready to draft.
-Worked example, measured on a CPU without AMX (docs/benchmarks.md, P-EAGLE trees at depth 3):
-E = 1.50 / 1.67 / 1.81 and T = 83 / 91 / 107 ms for 2 / 4 / 8 nodes, a 55.5 ms plain step:
-    n=0: 18.0 tokens/s    n=2: 18.1    n=4: 18.4  <- chosen    n=8: 17.0
+Worked example, measured on a CPU without AMX (docs/benchmarks.md, "Small trees", P-EAGLE at
+depth 3): E = 1.50 / 1.67 and T = 78.9 / 87.7 ms for 2 / 4 nodes, a 54.1 ms plain step:
+    n=0: 18.5 tokens/s    n=2: 19.0    n=4: 19.0
+so any small tree pays a little here, and which of 2 or 4 nodes wins is within the noise.
 """
 from __future__ import annotations
 
@@ -64,10 +65,14 @@ class TreeSizePolicy:
     def __init__(self, config: TreeConfig | None = None, window: int = 48, records: int = 256,
                  probe_every: int = 4, plain_every: int = 32):
         config = config or TreeConfig("dynamic", num_nodes="auto")
+        if not isinstance(config, TreeConfig):
+            raise ValueError(f"config must be a peagle.TreeConfig, got {config!r}")
         if config.kind != "dynamic":
             raise ValueError(f"TreeSizePolicy needs a dynamic tree, got kind={config.kind!r}")
         if probe_every < 2 or plain_every < 2:
             raise ValueError(f"probe_every and plain_every must be >= 2, got {probe_every}, {plain_every}")
+        if window < 1 or records < 1:
+            raise ValueError(f"window and records must be >= 1, got {window}, {records}")
         self.config, self.max_nodes = config, config.max_nodes
         self.probe_every, self.plain_every = probe_every, plain_every
         # E(n) from the last `records` tree cycles, kept as running sums (the policy runs every cycle)
@@ -190,12 +195,6 @@ class TreeSizePolicy:
             self._record(*record)
             if len(self._records) > self._max_records:
                 self._record(*self._records.popleft(), sign=-1)
-
-    def summary(self) -> dict:
-        """Mean chosen budget and the current E(n) (for reports)."""
-        hist = self.history
-        return {"mean_nodes": sum(hist) / len(hist) if hist else 0.0, "cycles": self._cycles,
-                "expected_tokens": [round(x, 3) for x in self.expected_tokens().nan_to_num(nan=0.0).tolist()]}
 
 
 def make_tree_policy(tree) -> TreeSizePolicy | None:

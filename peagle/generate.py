@@ -217,7 +217,8 @@ def generate(
         cycle_tree = tree
         if tree_policy is not None:  # this cycle's node budget; 0 nodes: a plain step
             nodes = tree_policy.choose(len(active))
-            cycle_tree, k = (tree_policy.tree(nodes), k) if nodes > 0 else (None, 0)
+            cycle_tree = tree_policy.tree(nodes) if nodes > 0 else None
+            k = k if nodes > 0 else 0
         # 2-3. draft and verify (a chain, or a tree of candidates), 5. roll back the target
         step_ctx = DraftStep(**pending, history=history, history_lens=history_lens, sampling=params, generator=generator)
         path = None

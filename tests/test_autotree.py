@@ -150,6 +150,12 @@ def test_auto_tree_sampling_runs_and_bad_combinations_fail():
         peagle.TreeConfig(num_nodes="many")
     with pytest.raises(ValueError, match="max_nodes"):
         peagle.TreeConfig(num_nodes="auto", max_nodes=0)
+    with pytest.raises(ValueError, match="records"):
+        TreeSizePolicy(records=0)
+    with pytest.raises(ValueError, match="config"):
+        TreeSizePolicy({"num_nodes": "auto"})
+    with pytest.raises(ValueError, match="tree must be"):
+        peagle.generate(target, drafter, PROMPTS, draft_k=4, max_new_tokens=8, tree="auto")
 
 
 def test_running_sums_forget_old_cycles():

@@ -91,6 +91,9 @@ def _add_features(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="default")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--aux-layers", default=None,
+                   help="comma list of target layers to cache (inputs of those layers; default: the target's "
+                        "EAGLE-3 layers). One cache can serve several head kinds: list the union.")
 
 
 def _run_features(args) -> int:
@@ -102,6 +105,8 @@ def _run_features(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_target_by_name(args.target, args.dtype)
+    if args.aux_layers:
+        target.set_aux_layer_ids([int(x) for x in args.aux_layers.split(",")])
     print(build_cache(target, args.data))
     return 0
 

@@ -144,15 +144,23 @@ class FeatureCache:
     def __init__(self, path: str | Path, aux_layer_ids=None):
         self.path = Path(path)
         self.shards: dict[int, tuple[np.ndarray, np.ndarray, list[int]]] = {}
+        self.columns: np.ndarray | None = None  # aux columns of the head's layers in the cached block
         for d in sorted(self.path.glob("[0-9]*")):
             if d.name.endswith(".tmp") or not (d / "meta.json").exists():
                 continue
             meta = json.loads((d / "meta.json").read_text())
-            if aux_layer_ids is not None and list(aux_layer_ids) != meta["aux_layer_ids"]:
-                raise ValueError(f"{d}: features were cached for aux layers {meta['aux_layer_ids']}, the head uses {list(aux_layer_ids)}")
+            cached = meta["aux_layer_ids"]
+            if aux_layer_ids is not None and not set(aux_layer_ids) <= set(cached):
+                raise ValueError(f"{d}: features were cached for aux layers {cached}, the head uses "
+                                 f"{list(aux_layer_ids)}: rebuild with `peagle train features --aux-layers ...`")
             aux = np.load(d / "aux.npy", mmap_mode="r")
             fin = np.load(d / "final.npy", mmap_mode="r")
             self.shards[int(d.name)] = (aux, fin, meta["offsets"])
+            # A cache may hold more layers than a head reads (one cache for several head kinds).
+            ids = cached if aux_layer_ids is None else list(aux_layer_ids)
+            H = meta["hidden_size"]
+            self.columns = None if ids == cached else np.concatenate(
+                [np.arange(cached.index(i) * H, (cached.index(i) + 1) * H) for i in ids])
 
     def get(self, shard: int, row: int, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         if shard not in self.shards:
@@ -161,5 +169,6 @@ class FeatureCache:
         s, e = off[row], off[row + 1]
         if length is not None:
             e = min(e, s + length)
-        to_t = lambda a: torch.from_numpy(np.array(a[s:e])).view(torch.bfloat16)
-        return to_t(aux), to_t(fin)
+        to_t = lambda a: torch.from_numpy(np.array(a, order="C")).view(torch.bfloat16)
+        aux_rows = aux[s:e] if self.columns is None else aux[s:e][:, self.columns]
+        return to_t(aux_rows), to_t(fin[s:e])

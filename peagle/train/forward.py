@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..drafters.layers import rope_cos_sin
 from .attention import KeyGroup, packed_attention
-from .plan import Group, Packed, Segment, depth0, eagle3_depths, peagle_chains, segments
+from .plan import Eagle3Plan, Group, Packed, PEaglePlan, plan_eagle3, plan_peagle, segments  # noqa: F401 (plan_*: old import path)
 
 TTT_DECAY = 0.8  # EAGLE-3 loss weight of depth d: 0.8^d
 
@@ -169,23 +169,6 @@ def _fc_hidden(head, feats: Features):
     return hidden
 
 
-@dataclass
-class PEaglePlan:
-    packed: Packed
-    d0: Group
-    chains: Group
-
-    @property
-    def num_supervised(self) -> int:
-        return self.d0.num_supervised + self.chains.num_supervised
-
-
-def plan_peagle(packed: Packed, max_depth: int, mask_token_id: int, ratio: float = 0.8, min_ratio: float = 0.2,
-                generator: torch.Generator | list | None = None) -> PEaglePlan:
-    d0 = depth0(packed)
-    return PEaglePlan(packed, d0, peagle_chains(packed, d0, max_depth, mask_token_id, ratio, min_ratio, generator))
-
-
 def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float, num_segments: int = 1,
                 backward: bool = True, budget: int = 1 << 23, stats: StepStats | None = None) -> StepStats:
     """P-EAGLE loss sum(KL) / norm over the plan's supervised elements, S forward+backward passes.
@@ -211,22 +194,6 @@ def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float, num_segmen
             loss.backward()
         del runner, out, hidden, h0, loss  # free this segment's activations before the next one starts
     return stats
-
-
-@dataclass
-class Eagle3Plan:
-    packed: Packed
-    d0: Group
-    depths: list[Group]
-
-    def counts(self, steps: int) -> list[int]:
-        c = [self.d0.num_supervised] + [g.num_supervised for g in self.depths]
-        return c + [0] * (steps - len(c))
-
-
-def plan_eagle3(packed: Packed, steps: int = 7) -> Eagle3Plan:
-    d0 = depth0(packed)
-    return Eagle3Plan(packed, d0, eagle3_depths(packed, d0, steps))
 
 
 def eagle3_step(head, plan: Eagle3Plan, feats: Features, norms: list[float], steps: int = 7,

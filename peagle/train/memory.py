@@ -33,8 +33,8 @@ def measure_once(tokens: int, segments: int, hidden: int, layers: int, draft_voc
     """One step in this process; returns peak-above-baseline MB and seconds."""
     from ..config import DrafterConfig
     from ..drafters import PEagleDrafter
-    from .forward import Features, peagle_step, plan_peagle
-    from .plan import pack
+    from .forward import Features, peagle_step
+    from .plan import pack, plan_peagle
 
     torch.manual_seed(seed)
     V = 4 * draft_vocab

@@ -162,6 +162,46 @@ def eagle3_depths(packed: Packed, d0: Group, steps: int) -> list[Group]:
 
 
 @dataclass
+class PEaglePlan:
+    """What one P-EAGLE step computes: the packed stream, its depth-0 elements and COD chains."""
+
+    packed: Packed
+    d0: Group
+    chains: Group
+
+    @property
+    def num_supervised(self) -> int:
+        return self.d0.num_supervised + self.chains.num_supervised
+
+
+def plan_peagle(packed: Packed, max_depth: int, mask_token_id: int, ratio: float = 0.8, min_ratio: float = 0.2,
+                generator: torch.Generator | list | None = None) -> PEaglePlan:
+    """Depth-0 elements of every sequence plus COD chains up to depth max_depth - 1."""
+    d0 = depth0(packed)
+    return PEaglePlan(packed, d0, peagle_chains(packed, d0, max_depth, mask_token_id, ratio, min_ratio, generator))
+
+
+@dataclass
+class Eagle3Plan:
+    """What one EAGLE-3 step computes: depth-0 elements, then one dense group per unrolled depth."""
+
+    packed: Packed
+    d0: Group
+    depths: list[Group]
+
+    def counts(self, steps: int) -> list[int]:
+        """Supervised elements per depth 0..steps-1 (0 past the last group)."""
+        c = [self.d0.num_supervised] + [g.num_supervised for g in self.depths]
+        return c + [0] * (steps - len(c))
+
+
+def plan_eagle3(packed: Packed, steps: int = 7) -> Eagle3Plan:
+    """Depth-0 elements and the training-time-test depths 1..steps-1."""
+    d0 = depth0(packed)
+    return Eagle3Plan(packed, d0, eagle3_depths(packed, d0, steps))
+
+
+@dataclass
 class Segment:
     """One forward+backward of sequence partitioning: a no-loss prefix, then the segment's own elements."""
 

@@ -29,9 +29,9 @@ import torch
 
 from ..checkpoint import from_pretrained, read_tensors, save_pretrained
 from ..config import DrafterConfig
-from .forward import Features, eagle3_step, peagle_step, plan_eagle3, plan_peagle
+from .forward import Features, eagle3_step, peagle_step
 from .memory import rss_mb
-from .plan import pack
+from .plan import pack, plan_eagle3, plan_peagle
 from .precondition import load_raw_state, precondition_fc, raw_state
 
 

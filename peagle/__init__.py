@@ -1,7 +1,7 @@
 """peagle: P-EAGLE parallel speculative decoding for Hugging Face causal LMs."""
 from .checkpoint import load_drafter
 from .config import DrafterConfig
-from .drafters import Draft, Drafter, DraftStep, Eagle3Drafter, NgramDrafter, PEagleDrafter
+from .drafters import DFlashConfig, DFlashDrafter, Draft, Drafter, DraftStep, Eagle3Drafter, NgramDrafter, PEagleDrafter
 from .generate import generate
 from .sampling import SamplingParams
 from .stats import GenerationOutput, GenerationStats
@@ -11,7 +11,7 @@ from .embedded import load_target
 from .fp8 import FP8Linear, load_fp8_state, quantize_fp8, save_fp8_state
 
 __all__ = [
-    "Draft", "Drafter", "FP8Linear", "load_fp8_state", "quantize_fp8", "save_fp8_state", "DraftStep", "DrafterConfig", "Eagle3Drafter", "GenerationOutput",
+    "DFlashConfig", "DFlashDrafter", "Draft", "Drafter", "FP8Linear", "load_fp8_state", "quantize_fp8", "save_fp8_state", "DraftStep", "DrafterConfig", "Eagle3Drafter", "GenerationOutput",
     "GenerationStats", "NgramDrafter", "PEagleDrafter", "SamplingParams", "Target", "TreeConfig", "generate",
     "load_drafter", "load_target",
 ]

@@ -1,0 +1,144 @@
+"""DFlash drafter: config rules, the cached pass equals the pure forward, drafts are exact samples of q."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import peagle
+from peagle.drafters.dflash import DFlashConfig, DFlashDrafter, spaced_layer_ids
+from tiny_models import tiny_model
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_target(arch: str = "llama") -> peagle.Target:
+    return peagle.Target(tiny_model(arch))
+
+
+def small_config(target, **overrides) -> DFlashConfig:
+    return DFlashConfig.for_target(target, **{"num_layers": 2, "block_size": 6, **overrides})
+
+
+def test_layer_ids_follow_the_public_heads():
+    # SmolLM2 (30 layers), 5 features: evenly from 1 to L - 3 with Python's rounding.
+    assert spaced_layer_ids(30, 5) == (1, 8, 14, 20, 27)
+    assert spaced_layer_ids(36, 5) == (1, 9, 17, 25, 33)  # Qwen3-8B's published head
+    assert spaced_layer_ids(30, 1) == (15,)
+    assert spaced_layer_ids(4, 2) == (0, 2)  # too shallow for 1..L-3: spread over 0..L-2
+    with pytest.raises(ValueError, match="num_features"):
+        spaced_layer_ids(4, 4)
+
+
+def test_config_maps_ids_to_layer_inputs_and_validates():
+    target = tiny_target()
+    c = small_config(target)
+    assert c.aux_layer_ids == tuple(i + 1 for i in c.target_layer_ids)
+    assert c.max_draft_k == c.block_size - 1 == 5
+    assert c.context_size == len(c.target_layer_ids) * target.hidden_size
+    for bad, match in [(dict(block_size=1), "block_size"), (dict(target_layer_ids=(2, 1)), "target_layer_ids"),
+                       (dict(target_layer_ids=(0, 3)), "target_layer_ids"), (dict(mask_token_id=10**6), "mask_token_id"),
+                       (dict(num_key_value_heads=3), "num_key_value_heads")]:
+        with pytest.raises(ValueError, match=match):
+            small_config(target, **bad)
+
+
+def test_bind_refuses_a_mismatched_target():
+    target = tiny_target()
+    drafter = DFlashDrafter(small_config(target, vocab_size=target.vocab_size + 1, mask_token_id=0))
+    with pytest.raises(ValueError, match="vocab_size"):
+        drafter.bind(target)
+    drafter = DFlashDrafter(small_config(target, num_target_layers=None, target_layer_ids=(0, 3)))
+    with pytest.raises(ValueError, match="target_layer_ids"):
+        drafter.bind(target)
+
+
+def random_step(target, drafter, num_new, start, g, sampling=peagle.SamplingParams()):
+    B, T = len(num_new), max(num_new)
+    return peagle.DraftStep(
+        tokens=torch.randint(0, target.vocab_size, (B, T), generator=g),
+        hidden=torch.randn(B, T, drafter.config.context_size, generator=g),
+        positions=torch.tensor(start)[:, None] + torch.arange(T),
+        num_new=torch.tensor(num_new), history=torch.zeros(B, 1, dtype=torch.long),
+        history_lens=torch.ones(B, dtype=torch.long), sampling=sampling, generator=g)
+
+
+def test_cached_cycles_equal_the_pure_forward_over_the_whole_context():
+    """Two cycles of ragged new context through the cache == one pure pass per row over all of it."""
+    target = tiny_target()
+    drafter = DFlashDrafter(small_config(target))
+    drafter.bind(target)
+    drafter.reset(3)
+    g = torch.Generator().manual_seed(0)
+    first = random_step(target, drafter, [5, 2, 7], [0, 0, 0], g)
+    drafter.draft_logits(first, 2)
+    second = random_step(target, drafter, [1, 3, 2], [5, 2, 7], g)
+    k = drafter.max_draft_k
+    cached = drafter.draft_logits(second, k)  # [3, k, V]
+    assert drafter.cache.lens.tolist() == [6, 5, 9]  # context only: no block entries kept
+    lm_head = target.model.get_output_embeddings()
+    for b in range(3):
+        n1, n2 = int(first.num_new[b]), int(second.num_new[b])
+        hidden = torch.cat([first.hidden[b, :n1], second.hidden[b, :n2]])[None]
+        positions = torch.cat([first.positions[b, :n1], second.positions[b, :n2]])[None]
+        tokens, block_pos = drafter.block_inputs(second)
+        out = drafter(target.input_embeddings()(tokens[b:b + 1]), hidden, block_pos[b:b + 1], positions)
+        torch.testing.assert_close(lm_head(out[:, 1:]).float(), cached[b:b + 1], atol=1e-5, rtol=1e-5)
+    # A shorter draft_k is a prefix of the same block: q_j does not depend on k.
+    drafter.reset(3)
+    drafter.draft_logits(first, 2)
+    torch.testing.assert_close(drafter.draft_logits(second, 2), cached[:, :2], atol=1e-5, rtol=1e-5)
+
+
+def test_select_rows_keeps_each_rows_context():
+    target = tiny_target()
+    drafter = DFlashDrafter(small_config(target))
+    drafter.bind(target)
+    g = torch.Generator().manual_seed(1)
+    first = random_step(target, drafter, [4, 2, 3], [0, 0, 0], g)
+    second = random_step(target, drafter, [1, 2, 1], [4, 2, 3], g)
+    drafter.reset(3)
+    drafter.draft_logits(first, 1)
+    full = drafter.draft_logits(second, 3)
+    drafter.reset(3)
+    drafter.draft_logits(first, 1)
+    drafter.select_rows(torch.tensor([2, 0]))
+    sub = peagle.DraftStep(**{f: getattr(second, f)[[2, 0]] for f in ("tokens", "hidden", "positions", "num_new", "history", "history_lens")},
+                           sampling=second.sampling)
+    torch.testing.assert_close(drafter.draft_logits(sub, 3), full[[2, 0]], atol=1e-5, rtol=1e-5)
+
+
+def test_draft_k_outside_the_block_is_refused():
+    target = tiny_target()
+    drafter = DFlashDrafter(small_config(target))
+    drafter.bind(target)
+    drafter.reset(1)
+    step = random_step(target, drafter, [3], [0], torch.Generator().manual_seed(0))
+    for k in (0, drafter.max_draft_k + 1):
+        with pytest.raises(ValueError, match="draft_k"):
+            drafter.draft(step, k)
+    with pytest.raises(ValueError, match="draft_k"):
+        peagle.generate(target, drafter, [[1, 2, 3]], draft_k=drafter.max_draft_k + 1, max_new_tokens=4)
+
+
+def test_sampled_drafts_follow_q():
+    """Each draft token is a draw from the q it returns (the verifier's exactness needs it)."""
+    target = tiny_target()
+    drafter = DFlashDrafter(small_config(target))
+    drafter.bind(target)
+    g = torch.Generator().manual_seed(3)
+    n, k = 4000, 3
+    drafter.reset(1)
+    step = random_step(target, drafter, [4], [0], g, sampling=peagle.SamplingParams(temperature=1.5))
+    step = peagle.DraftStep(**{f: getattr(step, f).expand(n, *getattr(step, f).shape[1:]) for f in
+                               ("tokens", "hidden", "positions", "num_new", "history", "history_lens")},
+                            sampling=step.sampling, generator=g)
+    drafter.reset(n)
+    draft = drafter.draft(step, k)
+    assert draft.probs.shape == (n, k, target.vocab_size)
+    q = draft.probs[0]  # identical rows: one q per depth
+    for j in range(k):
+        freq = torch.bincount(draft.tokens[:, j], minlength=target.vocab_size).float() / n
+        tv = 0.5 * (freq - q[j]).abs().sum().item()
+        null = [0.5 * (torch.bincount(torch.multinomial(q[j], n, True, generator=g), minlength=q.shape[1]).float() / n - q[j]).abs().sum().item() for _ in range(10)]
+        assert tv < 1.5 * max(null), (j, tv, max(null))

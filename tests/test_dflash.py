@@ -82,7 +82,7 @@ def test_cached_cycles_equal_the_pure_forward_over_the_whole_context():
         hidden = torch.cat([first.hidden[b, :n1], second.hidden[b, :n2]])[None]
         positions = torch.cat([first.positions[b, :n1], second.positions[b, :n2]])[None]
         tokens, block_pos = drafter.block_inputs(second)
-        out = drafter(target.input_embeddings()(tokens[b:b + 1]), hidden, block_pos[b:b + 1], positions)
+        out = drafter(drafter.embed(tokens[b:b + 1]), hidden, block_pos[b:b + 1], positions)
         torch.testing.assert_close(lm_head(out[:, 1:]).float(), cached[b:b + 1], atol=1e-5, rtol=1e-5)
     # A shorter draft_k is a prefix of the same block: q_j does not depend on k.
     drafter.reset(3)

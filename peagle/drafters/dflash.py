@@ -16,7 +16,10 @@ The block always has block_size slots (mask slots see each other), so q_j does n
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+import torch.nn.functional as F
 
 from ..sampling import SamplingParams, process_logits, sample_from_weights
 from ..tree import DraftTree, TreeConfig, build_tree
@@ -43,6 +46,20 @@ class DFlashDrafter(DFlashModel):
     @property
     def max_draft_k(self) -> int:
         return self.config.max_draft_k
+
+    # -- checkpoints (layout: peagle.dflash_format) ---------------------------------------
+    def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> Path:
+        """Write config.json + model.safetensors in the layout vLLM / SGLang load."""
+        from ..dflash_format import save_dflash
+
+        return save_dflash(self, path, dtype=dtype)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, target=None, dtype: torch.dtype | None = None, device=None) -> "DFlashDrafter":
+        """Load a head directory (ours or another tool's in the same layout); bind it when target is given."""
+        from ..dflash_format import load_dflash
+
+        return load_dflash(path, target=target, dtype=dtype, device=device)
 
     # -- the Drafter protocol -------------------------------------------------------------
     def bind(self, target) -> None:
@@ -96,6 +113,10 @@ class DFlashDrafter(DFlashModel):
             self.cache.write(i, k, v, step.num_new)
         self.cache.advance(step.num_new)
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The target's raw embedding rows [B, T, H] (no model-side scaling, as the reference reads them)."""
+        return F.embedding(tokens, self._embed.weight).to(self.norm.weight.dtype)
+
     def block_inputs(self, step: DraftStep) -> tuple[torch.Tensor, torch.Tensor]:
         """Block tokens and positions [B, block_size]: the last verified token, then mask slots."""
         last = (step.num_new - 1).clamp_min(0)[:, None]  # [B, 1]
@@ -118,6 +139,5 @@ class DFlashDrafter(DFlashModel):
         ctx_visible = torch.arange(C, device=tokens.device)[None, :] < cache.lens[:, None]  # [B, C]
         visible = torch.cat([ctx_visible[:, None, :].expand(B, S, C),
                              torch.ones(B, S, S, dtype=torch.bool, device=tokens.device)], dim=2)
-        emb = self._embed(tokens).to(self.norm.weight.dtype)
-        hidden = self.run_block(emb, positions, ctx_kv, visible)  # [B, S, H], normed
+        hidden = self.run_block(self.embed(tokens), positions, ctx_kv, visible)  # [B, S, H], normed
         return self._lm_head(hidden[:, 1:1 + draft_k]).float()

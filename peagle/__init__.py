@@ -10,8 +10,26 @@ from .tree import TreeConfig
 from .embedded import load_target
 from .fp8 import FP8Linear, load_fp8_state, quantize_fp8, save_fp8_state
 
+
+def _version() -> str:
+    """The installed distribution's version, else (a source tree not installed) pyproject.toml's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("peagle")
+    except PackageNotFoundError:
+        import re
+        from pathlib import Path
+
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        found = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text() if pyproject.exists() else "", re.M)
+        return found.group(1) if found else "0+unknown"
+
+
+__version__ = _version()
+
 __all__ = [
-    "DFlashConfig", "DFlashDrafter", "Draft", "Drafter", "FP8Linear", "load_fp8_state", "quantize_fp8", "save_fp8_state", "DraftStep", "DrafterConfig", "Eagle3Drafter", "GenerationOutput",
+    "__version__", "DFlashConfig", "DFlashDrafter", "Draft", "Drafter", "FP8Linear", "load_fp8_state", "quantize_fp8", "save_fp8_state", "DraftStep", "DrafterConfig", "Eagle3Drafter", "GenerationOutput",
     "GenerationStats", "NgramDrafter", "PEagleDrafter", "SamplingParams", "Target", "TreeConfig", "generate",
     "load_drafter", "load_target",
 ]

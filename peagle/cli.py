@@ -1,5 +1,7 @@
 """`peagle demo | bench | train | export`: each subcommand lives in its own module.
 
+``peagle --version`` prints the version; ``python -m peagle`` is the same command line.
+
 A subcommand module defines ``add_arguments(parser)`` and ``run(args) -> int``. A ValueError from
 a subcommand is a bad argument: it is printed as a usage error (exit status 2), without the
 traceback unless PEAGLE_TRACEBACK=1.
@@ -20,7 +22,10 @@ SUBCOMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    from peagle import __version__
+
     parser = argparse.ArgumentParser(prog="peagle", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"peagle {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     modules, parsers = {}, {}
     for name, (module_name, help_text) in SUBCOMMANDS.items():

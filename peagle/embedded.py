@@ -2,7 +2,8 @@
 
 The package ships a GGUF file; transformers dequantises it on load (a few seconds). The first call
 converts it once to safetensors under the user cache dir (``PEAGLE_CACHE`` overrides), so later
-loads take well under two seconds.
+loads take well under two seconds. ``load_target`` picks the dtype and thread count for this machine
+(``peagle.machine``).
 """
 from __future__ import annotations
 
@@ -57,6 +58,23 @@ def embedded_model_dir() -> Path:
     return out
 
 
-def load_target(dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu") -> Target:
-    """The embedded SmolLM2-135M-Instruct as a :class:`Target` (converted once, then cached)."""
-    return Target.from_pretrained(str(embedded_model_dir()), dtype=dtype, device_map=None).to_device(device)
+def load_target(dtype: torch.dtype | str = "auto", device: str | torch.device = "cpu",
+                threads: int | str | None = "auto") -> Target:
+    """The embedded SmolLM2-135M-Instruct as a :class:`Target` (converted once, then cached).
+
+    dtype: "auto" (bfloat16 on CUDA; on a CPU the faster of float32 / bfloat16 for verification,
+    measured once per machine: ``peagle.machine``) or a torch dtype. threads: torch's thread count,
+    "auto" for :func:`peagle.machine.default_threads` (1 on a 2-core machine), None to leave it.
+    ``target.dtype_reason`` and ``target.threads_reason`` say what was chosen and why.
+    """
+    from . import machine
+
+    n, why = machine.apply_threads(threads)
+    dtype = machine.parse_dtype(dtype)
+    reason = None
+    if dtype == "auto" and torch.device(device).type == "cuda":
+        dtype, reason = torch.bfloat16, "bfloat16: a CUDA device"
+    target = Target.from_pretrained(str(embedded_model_dir()), dtype=dtype, device_map=None).to_device(device)
+    target.dtype_reason = reason or target.dtype_reason
+    target.threads_reason = f"{n} thread{'s' if n != 1 else ''}: {why}"
+    return target

@@ -77,7 +77,6 @@ class Target:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_positions = int(getattr(text_config, "max_position_embeddings", 1 << 30))
         self._captured: dict[int, torch.Tensor] | None = None
-        self._captured: dict[int, torch.Tensor] | None = None
         # transformers >= 5.2x renamed `past_key_values` to `cache`; use whichever forward takes.
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._hooks = []
@@ -85,13 +84,38 @@ class Target:
 
     # -- construction -----------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, path_or_id: str, dtype: torch.dtype = torch.bfloat16, aux_layer_ids=None, **kwargs) -> "Target":
-        """Load model and tokenizer with ``AutoModelForCausalLM`` / ``AutoTokenizer``."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    def from_pretrained(cls, path_or_id: str, dtype: torch.dtype | str = "auto", aux_layer_ids=None, **kwargs) -> "Target":
+        """Load model and tokenizer with ``AutoModelForCausalLM`` / ``AutoTokenizer``.
 
+        dtype: a torch dtype (or its name), or "auto": bfloat16 on CUDA; on a CPU the dtype this
+        machine verifies fastest in, measured once on this model and cached (``peagle.machine``).
+        ``target.dtype_reason`` says which and why.
+        """
+        from pathlib import Path
+
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        from . import machine
+
+        if Path(path_or_id).is_dir() and not (Path(path_or_id) / "config.json").is_file():
+            raise ValueError(f"path_or_id: {path_or_id} has no config.json; a Hugging Face model directory holds "
+                             "config.json, the weights (model.safetensors) and the tokenizer files")
+        dtype = machine.parse_dtype(dtype)
+        reason = f"{str(dtype).replace('torch.', '')}: requested"
+        if dtype == "auto" and kwargs.get("device_map") not in (None, "cpu") and torch.cuda.is_available():
+            dtype, reason = torch.bfloat16, "bfloat16: a CUDA device"
+        if dtype == "auto":
+            choice = machine.cached_choice(AutoConfig.from_pretrained(path_or_id))
+            dtype, reason = (choice.dtype, choice.reason) if choice else (torch.float32, None)
         tokenizer = AutoTokenizer.from_pretrained(path_or_id)
         model = AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype, **kwargs)
-        return cls(model, tokenizer, aux_layer_ids=aux_layer_ids)
+        target = cls(model, tokenizer, aux_layer_ids=aux_layer_ids)
+        if reason is None:  # not measured on this machine yet: measure the float32 model and a bf16 copy
+            choice = machine.auto_dtype_cpu(target, use_cache=False)
+            model.to(choice.dtype)
+            reason = choice.reason
+        target.dtype_reason = reason
+        return target
 
     def to_device(self, device) -> "Target":
         self.model.to(device)

@@ -65,3 +65,87 @@ def test_chunked_block_attention_equals_one_dense_pass():
         torch.testing.assert_close(big[j * B: j * B + B], ref, atol=1e-5, rtol=1e-5)
     small.sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+# -- the step against the drafter --------------------------------------------------------------
+from peagle.drafters.base import DraftStep  # noqa: E402
+from peagle.drafters.dflash import DFlashConfig, DFlashDrafter  # noqa: E402
+from peagle.sampling import SamplingParams  # noqa: E402
+from peagle.train.dflash_step import Readout, dflash_forward, dflash_step  # noqa: E402
+from peagle.train.forward import Features  # noqa: E402
+from peagle.train.tiny import tiny_target  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.set_num_threads(1)
+    return tiny_target(hidden=64, layers=4, vocab=256)
+
+
+def _head(target, block_size=4, seed=0):
+    cfg = DFlashConfig.for_target(target, num_layers=2, block_size=block_size, mask_token_id=target.vocab_size - 1)
+    torch.manual_seed(seed)
+    head = DFlashDrafter(cfg).float()
+    for p in head.parameters():  # larger than the default init, so attention is far from uniform
+        if p.dim() > 1:
+            torch.nn.init.normal_(p, std=0.2)
+    return head
+
+
+def _features(target, ids, seqs):
+    auxs, finals = [], []
+    with torch.no_grad():
+        for s in seqs:
+            out = target.model(input_ids=torch.as_tensor(s)[None], output_hidden_states=True)
+            auxs.append(torch.cat([out.hidden_states[k][0] for k in ids], -1))
+            finals.append(out.hidden_states[-1][0])
+    aux, final = torch.cat(auxs), torch.cat(finals)
+    readout = Readout.from_target(target)
+    return Features(aux, lambda rows: readout(final[rows])), readout
+
+
+def test_training_forward_equals_the_drafters_block(target):
+    """Each block of the packed training pass == DFlashDrafter.draft_logits on that context (fp32)."""
+    head = _head(target, block_size=5)
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(3, 250, (n,), generator=g) for n in (26, 19)]
+    packed = pack(seqs, [6, 3])
+    plan = plan_dflash(packed, 5, 4, [torch.Generator().manual_seed(i) for i in range(2)])
+    feats, readout = _features(target, head.config.aux_layer_ids, seqs)
+    embed = target.input_embeddings().weight
+    with torch.no_grad():
+        out = dflash_forward(head, plan, feats.aux, embed, budget=64)  # small budget: several chunks
+        head.bind(target)
+        for j in range(len(plan)):
+            a, doc = int(plan.anchor[j]), int(plan.doc[j])
+            row0 = int(packed.doc_start[doc])
+            s = seqs[doc]
+            # Inference: pairs (h_i, x_{i+1}) at positions 0..a-1, so the block starts at x_a, position a.
+            head.reset(1)
+            step = DraftStep(tokens=s[1:a + 1][None], hidden=feats.aux[row0: row0 + a][None],
+                             positions=torch.arange(a)[None], num_new=torch.tensor([a]), history=s[None],
+                             history_lens=torch.tensor([len(s)]), sampling=SamplingParams(0.0, 0, 1.0))
+            expect = head.draft_logits(step, 4)[0]  # [4, V]
+            torch.testing.assert_close(readout(out[j, 1:]), expect, atol=1e-4, rtol=1e-4)
+
+
+def test_loss_is_the_weighted_kl_and_its_gradient_flows(target):
+    head = _head(target, block_size=4)
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(3, 250, (20,), generator=g)]
+    packed = pack(seqs, [5])
+    plan = plan_dflash(packed, 4, 100)
+    feats, readout = _features(target, head.config.aux_layer_ids, seqs)
+    embed = target.input_embeddings().weight
+    gamma = 4.0
+    stats = dflash_step(head, plan, feats, readout, embed, plan.weight_sum(gamma), gamma)
+    with torch.no_grad():
+        out = dflash_forward(head, plan, feats.aux, embed)
+        w, rows = plan.weights(gamma), plan.label_rows()
+        logq = readout(out.reshape(-1, out.shape[-1])).log_softmax(-1).view(*w.shape, -1)
+        logp = feats.target_logits(rows.flatten()).log_softmax(-1).view(*w.shape, -1)
+        kl = (logp.exp() * (logp - logq)).sum(-1)
+        expect = float((w * kl).sum() / w.sum())
+    assert stats.objective == pytest.approx(expect, rel=1e-5)
+    assert sum(stats.count) == int(plan.supervised().sum())
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in head.parameters())

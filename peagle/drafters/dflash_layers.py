@@ -174,11 +174,17 @@ class DFlashAttention(nn.Module):
         return apply_rope(k, cos, sin), self.v_proj(x).view(B, T, self.c.num_key_value_heads, self.c.head_dim)
 
     def forward(self, x: torch.Tensor, cos, sin, ctx_k: torch.Tensor, ctx_v: torch.Tensor,
-                visible: torch.Tensor) -> torch.Tensor:
-        """x [B, Q, H] (normed block); ctx_k/ctx_v [B, Hkv, S, D]; visible [B, Q, S + Q] -> [B, Q, H]."""
+                visible: torch.Tensor, attend=None) -> torch.Tensor:
+        """x [B, Q, H] (normed block); ctx_k/ctx_v [B, Hkv, S, D]; visible [B, Q, S + Q] -> [B, Q, H].
+
+        ``attend(q, k, v)`` (q [B, Q, Hq, D], block k/v [B, Q, Hkv, D] -> [B, Q, Hq, D]) replaces the
+        dense attention over [context ; block]: training's packed, chunked one (peagle/train/dflash.py).
+        """
         B, Q, _ = x.shape
         q = apply_rope(self.q_norm(self.q_proj(x).view(B, Q, self.c.num_attention_heads, self.c.head_dim)), cos, sin)
         k, v = self.key_values(x, cos, sin)
+        if attend is not None:
+            return self.o_proj(attend(q, k, v).reshape(B, Q, -1))
         keys = torch.cat([ctx_k, k.transpose(1, 2)], dim=2)
         values = torch.cat([ctx_v, v.transpose(1, 2)], dim=2)
         return self.o_proj(masked_attention(q, keys, values, visible).reshape(B, Q, -1))
@@ -192,8 +198,8 @@ class DFlashLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MLP(c.hidden_size, c.intermediate_size)
 
-    def forward(self, hidden: torch.Tensor, cos, sin, ctx_k, ctx_v, visible) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, ctx_k, ctx_v, visible)
+    def forward(self, hidden: torch.Tensor, cos, sin, ctx_k, ctx_v, visible, attend=None) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, ctx_k, ctx_v, visible, attend)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 

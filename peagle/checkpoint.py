@@ -14,6 +14,10 @@ Original EAGLE-3 checkpoints name layer 0 ``midlayer.*``; they load too. The *co
 this repository stores only the embedding rows that differ from the target's
 (``embed_tokens.rows`` int64 [R], ``embed_tokens.row_values`` [R, H]) and rebuilds the table from
 the target on load; ``peagle export`` always writes the full table.
+
+Which kind a directory holds, and how that kind is saved and loaded, is the registry's business
+(:mod:`peagle.kinds`): :func:`save_pretrained`, :func:`from_pretrained` and :func:`load_drafter`
+work for every registered kind; the EAGLE-3-layout functions below serve P-EAGLE and EAGLE-3.
 """
 from __future__ import annotations
 
@@ -23,15 +27,15 @@ from pathlib import Path
 
 import torch
 
+from . import kinds
 from .config import DrafterConfig
+from .dtypes import dtype_name
+from .kinds import MASK_TOKEN_KEYS
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 WEIGHTS = "model.safetensors"
-MASK_TOKEN_KEYS = ("mask_token_id", "pard_token", "ptd_token_id")  # the order engines look them up
 HEADS_DIR = Path(__file__).parent / "heads"
-SHIPPED = ("peagle", "eagle3")
 COMPACT_ROWS, COMPACT_VALUES = "embed_tokens.rows", "embed_tokens.row_values"
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 class CheckpointError(ValueError):
@@ -39,13 +43,10 @@ class CheckpointError(ValueError):
 
 
 # -- config ----------------------------------------------------------------------------------
-def head_kind(head) -> str:
-    return "peagle" if hasattr(head, "mask_hidden") else "eagle3"
-
-
-def config_to_dict(cfg: DrafterConfig, kind: str, dtype: torch.dtype, compact: bool = False,
+def config_to_dict(cfg: DrafterConfig, kind, dtype: torch.dtype, compact: bool = False,
                    target_name: str | None = None) -> dict:
-    """The config.json of a head: Llama fields + EAGLE-3 keys (+ P-EAGLE's mask token keys)."""
+    """The config.json of a head: Llama fields + EAGLE-3 keys (+ the kind's, e.g. P-EAGLE's mask token keys)."""
+    kind = kinds.get(kind)
     d = {
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
@@ -65,11 +66,10 @@ def config_to_dict(cfg: DrafterConfig, kind: str, dtype: torch.dtype, compact: b
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids)},
         "tie_word_embeddings": False,
-        "torch_dtype": _DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", "")),
+        "torch_dtype": dtype_name(dtype),
     }
-    if kind == "peagle":
-        d["mask_token_id"] = d["ptd_token_id"] = cfg.mask_token_id
-    d["peagle"] = {"format_version": 1, "drafter": kind, "max_draft_k": cfg.max_draft_k,
+    d.update(kind.extra_config(cfg))
+    d["peagle"] = {"format_version": 1, "drafter": kind.name, "max_draft_k": cfg.max_draft_k,
                    "compact_embedding": compact, "target": target_name, **cfg.extra}
     return d
 
@@ -77,8 +77,8 @@ def config_to_dict(cfg: DrafterConfig, kind: str, dtype: torch.dtype, compact: b
 UNSUPPORTED_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "attention_bias")
 
 
-def config_from_dict(d: dict, target=None) -> tuple[DrafterConfig, str]:
-    """DrafterConfig and drafter kind ("peagle" | "eagle3") from a config.json dict."""
+def config_from_dict(d: dict, target=None) -> DrafterConfig:
+    """The DrafterConfig of an EAGLE-3-layout config.json dict (its kind: :func:`peagle.kinds.detect`)."""
     own = d.get("peagle", {}) or {}
     # vLLM honours these flags; peagle's layers implement only their default (off), so a head
     # that sets one would draft differently here than in the engine: refuse it.
@@ -100,7 +100,6 @@ def config_from_dict(d: dict, target=None) -> tuple[DrafterConfig, str]:
             raise CheckpointError("config.json has no eagle_aux_hidden_state_layer_ids: pass target= to use its defaults")
         aux = target.aux_layer_ids
     mask_id = next((d[k] for k in MASK_TOKEN_KEYS if d.get(k) is not None), None)
-    kind = own.get("drafter") or ("peagle" if mask_id is not None else "eagle3")
     rope_theta = d.get("rope_theta") or (d.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     cfg = DrafterConfig(
         hidden_size=H, num_attention_heads=heads,
@@ -115,11 +114,11 @@ def config_from_dict(d: dict, target=None) -> tuple[DrafterConfig, str]:
         mask_token_id=None if mask_id is None else int(mask_id),
         max_draft_k=int(own.get("max_draft_k", 16)),
     )
-    return cfg, kind
+    return cfg
 
 
 # -- tensor names and checks --------------------------------------------------------------------
-def expected_shapes(cfg: DrafterConfig, kind: str) -> dict[str, tuple[int, ...]]:
+def expected_shapes(cfg: DrafterConfig, kind) -> dict[str, tuple[int, ...]]:
     """Every tensor a complete head must hold, with its shape (embed_tokens excluded)."""
     H, A, D = cfg.hidden_size, cfg.aux_hidden_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * D, cfg.num_key_value_heads * D
@@ -135,8 +134,7 @@ def expected_shapes(cfg: DrafterConfig, kind: str) -> dict[str, tuple[int, ...]]
             p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
         })
     shapes["layers.0.hidden_norm.weight"] = (H,)
-    if kind == "peagle":
-        shapes["mask_hidden"] = (1, 1, A)
+    shapes.update(kinds.get(kind).extra_shapes(cfg))
     return shapes
 
 
@@ -155,7 +153,7 @@ def _unused_by_engines(name: str) -> bool:
     return name.startswith("layers.") and name.endswith(".hidden_norm.weight") and not name.startswith("layers.0.")
 
 
-def validate_tensors(tensors: dict[str, torch.Tensor], cfg: DrafterConfig, kind: str,
+def validate_tensors(tensors: dict[str, torch.Tensor], cfg: DrafterConfig, kind,
                      require_embedding: bool = False) -> None:
     """Raise CheckpointError naming each missing, unexpected or misshapen tensor."""
     shapes = expected_shapes(cfg, kind)
@@ -196,19 +194,28 @@ def validate_tensors(tensors: dict[str, torch.Tensor], cfg: DrafterConfig, kind:
         raise CheckpointError("; ".join(problems))
 
 
-def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of a safetensors file under canonical names; names the tensor that fails to read."""
+def _open_safetensors(path: Path):
     from safetensors import safe_open
 
-    path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist (a head directory holds config.json and {WEIGHTS})")
     try:
-        f = safe_open(str(path), framework="pt")
+        return safe_open(str(path), framework="pt")
     except Exception as exc:  # safetensors raises its own error types for a bad header
         raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from exc
+
+
+def tensor_names(path: str | Path) -> set[str]:
+    """Canonical names of the tensors in a safetensors file (nothing read but the header)."""
+    with _open_safetensors(Path(path)) as f:
+        return {canonical_name(k) for k in f.keys()}
+
+
+def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a safetensors file under canonical names; names the tensor that fails to read."""
+    path = Path(path)
     out = {}
-    with f:
+    with _open_safetensors(path) as f:
         for key in f.keys():
             if _unused_by_engines(canonical_name(key)):
                 continue
@@ -245,7 +252,7 @@ def head_tensors(head, full_embedding: bool = True, reference_embedding: torch.T
             t = t.to(dtype)
         state[name] = t.contiguous()
     table = head.embed_tokens.weight.detach().cpu() if getattr(head, "embed_tokens", None) is not None else None
-    if table is not None and head_kind(head) == "peagle":
+    if table is not None and kinds.of(head).trains_embedding:
         table = table.to(dtype) if dtype is not None else table
         if full_embedding:
             state["embed_tokens.weight"] = table.contiguous()
@@ -259,9 +266,17 @@ def head_tensors(head, full_embedding: bool = True, reference_embedding: torch.T
     return state
 
 
-def save_pretrained(head, path: str | Path, *, compact: bool = False, target=None,
-                    reference_embedding: torch.Tensor | None = None, dtype: torch.dtype | None = None,
-                    target_name: str | None = None) -> Path:
+def save_pretrained(head, path: str | Path, **options) -> Path:
+    """Write ``head`` to the directory ``path`` in its kind's layout (``config.json`` + weights).
+
+    P-EAGLE / EAGLE-3 heads take the options of :func:`save_eagle_layout`.
+    """
+    return kinds.of(head).save(head, path, **options)
+
+
+def save_eagle_layout(head, path: str | Path, kind=None, *, compact: bool = False, target=None,
+                      reference_embedding: torch.Tensor | None = None, dtype: torch.dtype | None = None,
+                      target_name: str | None = None) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (atomically: a temporary name, then a rename).
 
     compact: store only the embedding rows that differ from the target's (pass target= or
@@ -270,11 +285,12 @@ def save_pretrained(head, path: str | Path, *, compact: bool = False, target=Non
     from safetensors.torch import save_file
 
     path = Path(path)
+    kind = kinds.of(head) if kind is None else kinds.get(kind)
+    compact = compact and kind.trains_embedding  # only a trained table is stored (compactly or not)
     if compact and reference_embedding is None:
         if target is None:
             raise ValueError("save_pretrained(compact=True) needs target= or reference_embedding=")
         reference_embedding = target.input_embeddings().weight
-    kind = head_kind(head)
     tensors = head_tensors(head, full_embedding=not compact, reference_embedding=reference_embedding, dtype=dtype)
     validate_tensors(tensors, head.config, kind)
     if head.config.draft_vocab_size == head.config.vocab_size:
@@ -283,7 +299,7 @@ def save_pretrained(head, path: str | Path, *, compact: bool = False, target=Non
         tensors.pop("d2t", None)
         tensors.pop("t2d", None)
     out_dtype = dtype or head.fc.weight.dtype
-    config = config_to_dict(head.config, kind, out_dtype, compact=compact and kind == "peagle", target_name=target_name)
+    config = config_to_dict(head.config, kind, out_dtype, compact=compact, target_name=target_name)
     path.mkdir(parents=True, exist_ok=True)
     tmp = path / (WEIGHTS + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
@@ -316,28 +332,45 @@ def _reference_table(target, cfg_dict: dict) -> torch.Tensor:
                           f"target's): pass target= to rebuild the table (head trained for target {name!r})")
 
 
-def from_pretrained(path: str | Path, target=None, dtype: torch.dtype | None = None, device=None):
-    """Load a head directory (ours, speculators' or original EAGLE-3) as PEagleDrafter / Eagle3Drafter."""
-    from .drafters import Eagle3Drafter, PEagleDrafter
-
-    path = Path(path)
-    cfg_path = path / "config.json"
+def read_config(path: str | Path) -> dict:
+    """The config.json of a head directory, with errors that name the file."""
+    cfg_path = Path(path) / "config.json"
     if not cfg_path.exists():
         raise FileNotFoundError(f"{cfg_path} does not exist: a head directory holds config.json and {WEIGHTS}")
     try:
-        cfg_dict = json.loads(cfg_path.read_text())
+        return json.loads(cfg_path.read_text())
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{cfg_path} is not valid JSON: {exc}") from exc
-    cfg, kind = config_from_dict(cfg_dict, target)
+
+
+def kind_of_dir(path: str | Path, cfg_dict: dict | None = None) -> kinds.HeadKind:
+    """The registered kind of the head in directory ``path`` (config.json + the tensor names)."""
+    path = Path(path)
+    cfg_dict = read_config(path) if cfg_dict is None else cfg_dict
+    weights = path / WEIGHTS
+    return kinds.detect(cfg_dict, tensor_names(weights) if weights.exists() else set())
+
+
+def from_pretrained(path: str | Path, target=None, dtype: torch.dtype | None = None, device=None):
+    """Load a head directory of any registered kind (ours, speculators', original EAGLE-3, ...)."""
+    path = Path(path)
+    cfg_dict = read_config(path)
+    return kind_of_dir(path, cfg_dict).load(path, cfg_dict, target=target, dtype=dtype, device=device)
+
+
+def load_eagle_layout(path: str | Path, cfg_dict: dict, kind, target=None, dtype: torch.dtype | None = None,
+                      device=None):
+    """An EAGLE-3-layout head directory as a drafter of ``kind`` (PEagleDrafter / Eagle3Drafter)."""
+    path = Path(path)
+    kind = kinds.get(kind)
+    cfg = config_from_dict(cfg_dict, target)
     tensors = read_tensors(path / WEIGHTS)
-    if kind == "peagle" and "mask_hidden" not in tensors and cfg_dict.get("peagle") is None:
-        kind = "eagle3"  # a mask token key alone (e.g. an EAGLE-3 head exported with one) is not P-EAGLE
     if cfg.draft_vocab_size == cfg.vocab_size and "d2t" not in tensors:
         tensors["d2t"] = torch.zeros(cfg.vocab_size, dtype=torch.long)
     validate_tensors(tensors, cfg, kind)
     if target is not None:
         cfg.check_target(target, error=CheckpointError)
-    head = (PEagleDrafter if kind == "peagle" else Eagle3Drafter)(cfg)
+    head = kind.build(cfg)
     float_dtype = dtype or tensors["fc.weight"].dtype
     head.to(float_dtype)
     table = tensors.pop("embed_tokens.weight", None)
@@ -359,25 +392,43 @@ def from_pretrained(path: str | Path, target=None, dtype: torch.dtype | None = N
     if result.missing_keys or result.unexpected_keys:  # validate_tensors should have caught these
         raise CheckpointError(f"missing {result.missing_keys}, unexpected {result.unexpected_keys}")
     if table is not None:
-        head.embed_tokens = torch.nn.Embedding.from_pretrained(table.to(float_dtype), freeze=(kind != "peagle"))
+        head.embed_tokens = torch.nn.Embedding.from_pretrained(table.to(float_dtype), freeze=not kind.trains_embedding)
     if device is not None:
         head.to(device)
     return head
 
 
-def load_drafter(name_or_path: str | Path, target=None, dtype: torch.dtype | None = None):
+def resolve(name_or_path: str | Path) -> Path:
+    """The head directory of a shipped head's name ("peagle", "eagle3", ...: ``peagle/heads/NAME``) or a path.
+
+    A shipped name wins over a same-named directory that is not a head (from the repository root,
+    "peagle" is also the package's folder).
+    """
+    if (Path(name_or_path) / "config.json").exists():
+        return Path(name_or_path)
+    shipped = HEADS_DIR / str(name_or_path)
+    if str(name_or_path) in kinds.names():
+        if not (shipped / "config.json").exists():
+            raise FileNotFoundError(
+                f"no shipped `{name_or_path}` head at {shipped}: the heads for the embedded model are not trained "
+                "yet (scripts/train_embedded.sh builds them); pass a head directory instead")
+        return shipped
+    return Path(name_or_path)
+
+
+def load_drafter(name_or_path: str | Path, target=None, dtype: torch.dtype | None = None, device=None,
+                 expect: type | None = None):
     """A trained head: "peagle" / "eagle3" (shipped for the embedded SmolLM2) or a head directory.
 
     ``target`` (optional) checks compatibility and rebuilds a compact embedding table; heads
-    shipped for the embedded model rebuild it from the embedded model without one.
+    shipped for the embedded model rebuild it from the embedded model without one. ``expect``: a
+    drafter class the head must be (ValueError naming the kind found otherwise).
     """
-    # A shipped name wins over a same-named directory that is not a head (from the repository root,
-    # "peagle" is also the package's folder).
-    if str(name_or_path) in SHIPPED and not (Path(name_or_path) / "config.json").exists():
-        path = HEADS_DIR / str(name_or_path)
-        if not (path / "config.json").exists():
-            raise FileNotFoundError(
-                f"no shipped `{name_or_path}` head at {path}: the heads for the embedded model are not trained "
-                "yet (scripts/train_embedded.sh builds them); pass a head directory instead")
-        return from_pretrained(path, target=target, dtype=dtype)
-    return from_pretrained(name_or_path, target=target, dtype=dtype)
+    path = resolve(name_or_path)
+    cfg_dict = read_config(path)
+    kind = kind_of_dir(path, cfg_dict)
+    if expect is not None and not issubclass(kind.drafter_class, expect):
+        raise ValueError(f"{name_or_path} holds a {kind.name} head ({kind.drafter_class.__name__}), not a "
+                         f"{expect.__name__}: load it with {kind.drafter_class.__name__}.from_pretrained or "
+                         "peagle.load_drafter")
+    return kind.load(path, cfg_dict, target=target, dtype=dtype, device=device)

@@ -1,7 +1,7 @@
 """DrafterConfig: the shape of an EAGLE-3 / P-EAGLE head (frozen, validated on creation)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -89,6 +89,3 @@ class DrafterConfig:
             raise error(f"drafter target_hidden_size={self.target_hidden_size} does not match the target's hidden size {target.hidden_size}")
         if any(not 0 <= i < target.num_layers for i in self.aux_layer_ids):
             raise error(f"drafter aux_layer_ids={self.aux_layer_ids} must be layer indices in [0, {target.num_layers})")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)

@@ -67,6 +67,12 @@ def _cli(*args):
     return [sys.executable, "-m", "peagle.train", *args]
 
 
+# `peagle train` whose steps each take 0.5 s longer (trainer.global_batch patched), so a kill lands mid-run.
+_SLOW_CLI = ("import sys, time; import peagle.train.trainer as t; batch = t.global_batch; "
+             "t.global_batch = lambda *a: (time.sleep(0.5), batch(*a))[1]; "
+             "from peagle.train.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
 def _env():
     return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -76,7 +82,7 @@ def test_kill_9_then_resume_ends_with_identical_weights(workdir):
     common = ["--max-steps", "8", "--checkpoint-every", "2", "--max-depth", "3"]
     full, killed = root / "full", root / "killed"
     subprocess.run(_cli(*_args(root, "peagle", full, *common)), check=True, env=_env(), capture_output=True)
-    proc = subprocess.Popen(_cli(*_args(root, "peagle", killed, *common, "--debug-step-sleep", "0.5")), env=_env(),
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_CLI, *_args(root, "peagle", killed, *common)], env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while not (killed / "checkpoints" / "step_0000004" / "trainer_state.json").exists():

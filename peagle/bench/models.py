@@ -15,62 +15,25 @@ from dataclasses import dataclass
 import torch
 
 import peagle
+from peagle import kinds
 
 RANDOM_HEAD_WARNING = "random-init head: acceptance is meaningless"
 
 
-class ByteTokenizer:
-    """UTF-8 bytes as token ids 3..258; 0 = pad, 1 = bos, 2 = eos (a tokenizer for tiny models)."""
-
-    pad_token_id, bos_token_id, eos_token_id = 0, 1, 2
-    offset = 3
-
-    def __len__(self) -> int:
-        return 256 + self.offset
-
-    def encode(self, text: str) -> list[int]:
-        return [b + self.offset for b in text.encode("utf-8")]
-
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
-        return {"input_ids": ([self.bos_token_id] if add_special_tokens else []) + self.encode(text)}
-
-    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True, return_dict=False):
-        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + ("<assistant>" if add_generation_prompt else "")
-        return self(text)["input_ids"] if tokenize else text
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        data = bytes(i - self.offset for i in ids if self.offset <= i < len(self))
-        return data.decode("utf-8", errors="replace")
-
-    def get_added_vocab(self) -> dict:
-        return {}
-
-
 def tiny_target(seed: int = 0, dtype: torch.dtype = torch.float32) -> peagle.Target:
-    """A 2-layer random Llama over bytes: every code path of the benchmark, none of the cost."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A 2-layer random Llama over bytes (peagle.train.tiny.byte_target): every code path of the benchmark, none of the cost."""
+    from ..train.tiny import byte_target
 
-    tok = ByteTokenizer()
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, vocab_size=len(tok) + 5, max_position_embeddings=2048,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # a wider init than HF's: clear argmax winners, so greedy is stable
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.15)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    return peagle.Target(model.to(dtype), tok)
+    return byte_target(seed, dtype)
 
 
-def load_bench_target(model: str = "embedded", dtype: torch.dtype = torch.bfloat16) -> peagle.Target:
-    if model == "embedded":
-        return peagle.load_target(dtype=dtype)
+def load_bench_target(model: str = "embedded", dtype: torch.dtype | str = torch.bfloat16) -> peagle.Target:
+    """"tiny" (:func:`tiny_target`), else any name :func:`peagle.train.data.load_target_by_name` takes."""
     if model == "tiny":
         return tiny_target(dtype=dtype)
-    return peagle.Target.from_pretrained(model, dtype=dtype)
+    from ..train.data import load_target_by_name
+
+    return load_target_by_name(model, dtype)
 
 
 @dataclass
@@ -81,13 +44,10 @@ class Head:
 
 
 def random_head(kind: str, target: peagle.Target, seed: int = 0):
-    """The head shapes the releases use: P-EAGLE 4 layers, EAGLE-3 1 layer (random weights)."""
+    """A random-init head of ``kind`` shaped as the releases are (peagle.kinds: P-EAGLE 4 layers, EAGLE-3 1)."""
+    head_kind = kinds.get(kind)
     torch.manual_seed(seed)
-    if kind == "peagle":
-        return peagle.PEagleDrafter(peagle.DrafterConfig.for_target(target, num_layers=4))
-    if kind == "eagle3":
-        return peagle.Eagle3Drafter(peagle.DrafterConfig.for_target(target, num_layers=1))
-    raise ValueError(f"head kind must be 'peagle' or 'eagle3', got {kind!r}")
+    return head_kind.build(head_kind.config_for_target(target))
 
 
 def _drafter_loader():

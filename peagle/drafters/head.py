@@ -84,6 +84,23 @@ class DraftHead(nn.Module):
     #: whether the head owns a trainable copy of the embedding table (P-EAGLE) or borrows the target's
     trains_embedding = False
 
+    # -- Hugging Face convention: save_pretrained / from_pretrained ------------------------
+    def save_pretrained(self, path, **options):
+        """Write the head to directory ``path`` in the layout engines load (peagle.checkpoint.save_pretrained)."""
+        from ..checkpoint import save_pretrained
+
+        return save_pretrained(self, path, **options)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path, target=None, dtype: torch.dtype | None = None, device=None):
+        """A head of this class: a shipped head's name ("peagle", "eagle3") or a head directory.
+
+        ValueError if the directory holds another kind (e.g. a P-EAGLE head through Eagle3Drafter).
+        """
+        from ..checkpoint import load_drafter
+
+        return load_drafter(name_or_path, target=target, dtype=dtype, device=device, expect=cls)
+
     @property
     def compute_dtype(self) -> torch.dtype:
         """Activation dtype (norm weights stay high precision even when linears are FP8)."""

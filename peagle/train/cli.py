@@ -112,24 +112,19 @@ def _run_features(args) -> int:
 
 
 def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
+    from .. import kinds
     from .trainer import TrainConfig
 
     d = TrainConfig(kind=kind, data="", out="")
+    head_kind = kinds.get(kind)
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True, help="run directory (resumes from its last checkpoint)")
     p.add_argument("--target", default=d.target)
     p.add_argument("--target-dtype", default=d.target_dtype, choices=["bfloat16", "float32", "float16"],
                    help="dtype the target is served in (must match the features cache)")
-    p.add_argument("--layers", type=int, default=None, help="decoder layers (default 4 for P-EAGLE, 1 for EAGLE-3)")
+    p.add_argument("--layers", type=int, default=None, help=f"decoder layers (default {head_kind.default_layers})")
     p.add_argument("--intermediate-size", type=int, default=None, help="MLP width (default: the target's)")
-    if kind == "peagle":
-        p.add_argument("--max-depth", type=int, default=d.max_depth, help="trained draft depth K")
-        p.add_argument("--cod-ratio", type=float, default=d.cod_ratio)
-        p.add_argument("--cod-min-ratio", type=float, default=d.cod_min_ratio)
-        p.add_argument("--segments", type=int, default=d.segments, help="sequence partitioning S")
-        p.add_argument("--train-embedding", default=d.train_embedding, choices=["mask", "all", "none"])
-    else:
-        p.add_argument("--ttt-steps", type=int, default=d.ttt_steps, help="training-time test steps")
+    head_kind.add_train_arguments(p, d)
     p.add_argument("--draft-vocab-size", type=int, default=d.draft_vocab_size)
     p.add_argument("--init-from", default=None, help="start from this saved head's weights (fresh optimizer and schedule)")
     p.add_argument("--init-lm-head", default=d.init_lm_head, choices=["target", "random"],
@@ -157,7 +152,6 @@ def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--threads", type=int, default=d.threads)
     p.add_argument("--trim-memory", action=argparse.BooleanOptionalAction, default=d.trim_memory,
                    help="malloc_trim after every step (glibc): returns freed heap to the OS")
-    p.add_argument("--debug-step-sleep", type=float, default=0.0, help=argparse.SUPPRESS)
 
 
 def _run_train(args, kind: str) -> int:
@@ -190,24 +184,31 @@ def _run_evaluate(args) -> int:
     return run_cli(args)
 
 
-SUBCOMMANDS = {
-    "data": (_add_data, _run_data, "regenerate answers to training prompts with the target"),
-    "vocab": (_add_vocab, _run_vocab, "choose the draft vocabulary (top-N answer tokens)"),
-    "features": (_add_features, _run_features, "cache the target's teacher-forced features"),
-    "peagle": (lambda p: _add_train(p, "peagle"), lambda a: _run_train(a, "peagle"), "train a P-EAGLE head"),
-    "eagle3": (lambda p: _add_train(p, "eagle3"), lambda a: _run_train(a, "eagle3"), "train an EAGLE-3 head"),
-    "evaluate": (_add_evaluate, _run_evaluate, "held-out KL, agreement and greedy acceptance of heads by depth"),
-}
+def _train_subcommand(kind):
+    """`peagle train NAME` for a trainable head kind of the registry (peagle.kinds)."""
+    return (lambda p: _add_train(p, kind.name), lambda a: _run_train(a, kind.name), kind.description)
+
+
+def _subcommands() -> dict:
+    from .. import kinds
+
+    return {
+        "data": (_add_data, _run_data, "regenerate answers to training prompts with the target"),
+        "vocab": (_add_vocab, _run_vocab, "choose the draft vocabulary (top-N answer tokens)"),
+        "features": (_add_features, _run_features, "cache the target's teacher-forced features"),
+        **{name: _train_subcommand(kinds.get(name)) for name in kinds.names(trainable=True)},
+        "evaluate": (_add_evaluate, _run_evaluate, "held-out KL, agreement and greedy acceptance of heads by depth"),
+    }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="train_command", required=True)
-    for name, (add, _, help_text) in SUBCOMMANDS.items():
+    for name, (add, _, help_text) in _subcommands().items():
         add(sub.add_parser(name, help=help_text))
 
 
 def run(args) -> int:
-    return SUBCOMMANDS[args.train_command][1](args)
+    return _subcommands()[args.train_command][1](args)
 
 
 def main(argv=None) -> int:

@@ -47,24 +47,28 @@ class GenerationSettings:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
 
 
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-
-
 def load_target_by_name(name: str, dtype: str | torch.dtype = "bfloat16", device: str = "cpu") -> Target:
-    """"default" -> the embedded SmolLM2 (``peagle.load_target``); else an HF id or local path."""
-    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    """The one way peagle's commands load a target by name.
+
+    "default" (or "embedded", "smollm2") -> the embedded SmolLM2 (:func:`peagle.load_target`); an HF
+    id or model directory -> :meth:`peagle.Target.from_pretrained`; a bare model directory without
+    tokenizer files (tests' tiny targets) -> the model alone (token-id prompts only). ``dtype`` (a
+    torch dtype, a name, or "auto" where the loaders accept it) is passed on as given.
+    """
     if name in ("default", "embedded", "smollm2"):
         from ..embedded import load_target
 
-        return load_target(dtype=torch_dtype, device=device)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+        return load_target(dtype=dtype, device=device)
+    path = Path(name)
+    if path.is_dir() and (path / "config.json").exists() and not any(
+            (path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch_dtype)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
-    except (OSError, ValueError):  # a bare model directory (tests): token-id prompts only
-        tokenizer = None
-    return Target(model, tokenizer).to_device(device)
+        from ..dtypes import parse_dtype
+
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32 if dtype == "auto" else parse_dtype(dtype))
+        return Target(model, None).to_device(device)
+    return Target.from_pretrained(name, dtype=dtype).to_device(device)
 
 
 def _write_json(path: Path, obj) -> None:

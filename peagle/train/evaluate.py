@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from .forward import StepStats, eagle3_step, peagle_step, plan_eagle3, plan_peagle
+from .. import kinds
+from .forward import StepStats
 from .trainer import TrainSet, micro_batches
 
 
@@ -27,7 +28,7 @@ class HeldOutResult:
     """Per-depth means over supervised elements, and the greedy acceptance they imply."""
 
     head: str
-    kind: str  # "peagle" | "eagle3"
+    kind: str  # the head's kind (peagle.kinds): "peagle", "eagle3", ...
     shards: str | None
     draft_k: int
     sequences: int
@@ -49,22 +50,24 @@ class HeldOutResult:
 def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None, draft_k: int | None = None,
                   max_len: int = 1024, micro_batch_tokens: int = 4096, max_sequences: int | None = None,
                   show_progress: bool = True, head_name: str = "") -> HeldOutResult:
-    """Evaluate ``head`` (a PEagleDrafter or Eagle3Drafter) on the cached features of ``data_dir``.
+    """Evaluate ``head`` (a trained head of a trainable kind) on the cached features of ``data_dir``.
 
-    draft_k: depths evaluated (default: P-EAGLE's trained depth, 7 for EAGLE-3); must be in
-    [1, max_draft_k]. Every chain is kept at every depth (no COD sampling).
+    draft_k: depths evaluated (default: the kind's, P-EAGLE's trained depth, 7 for EAGLE-3); must be
+    in [1, max_draft_k]. Every chain is kept at every depth (no COD sampling).
     """
     from tqdm.auto import tqdm
 
-    from ..drafters import Eagle3Drafter, PEagleDrafter
-
-    if not isinstance(head, (PEagleDrafter, Eagle3Drafter)):
-        raise ValueError(f"head must be a PEagleDrafter or Eagle3Drafter (a trained head), got {type(head).__name__}")
+    try:
+        kind = kinds.of(head)
+    except ValueError:
+        kind = None
+    if kind is None or not hasattr(kind, "eval_step"):
+        raise ValueError(f"head must be a trained head of kind {', '.join(kinds.names(trainable=True))}, "
+                         f"got {type(head).__name__}")
     if max_sequences is not None and max_sequences < 1:
         raise ValueError(f"max_sequences must be >= 1 (or None for all), got {max_sequences}")
-    kind = "peagle" if isinstance(head, PEagleDrafter) else "eagle3"
     K_max = int(head.config.max_draft_k)
-    K = int(draft_k) if draft_k is not None else (K_max if kind == "peagle" else min(7, K_max))
+    K = int(draft_k) if draft_k is not None else kind.eval_depth(head)
     if not 1 <= K <= K_max:
         raise ValueError(f"draft_k must be in [1, {K_max}] (the head's max_draft_k), got {draft_k}")
     used_ids = head.draft_to_target(torch.arange(head.config.draft_vocab_size))
@@ -75,18 +78,14 @@ def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None,
     head = head.float().eval()
     stats = StepStats(keep_elements=True)
     answer_tokens = 0
-    bar = tqdm(total=len(order), unit="seq", desc=f"evaluate {kind}", disable=not show_progress, mininterval=5)
+    bar = tqdm(total=len(order), unit="seq", desc=f"evaluate {kind.name}", disable=not show_progress, mininterval=5)
     accepted_sum, agree_sum = torch.zeros(K), torch.zeros(K)
     anchors = 0
     with torch.no_grad():
         for mb in micro_batches(order, lengths, micro_batch_tokens):
             packed, feats = data.batch(mb, "cpu")
             stats.elements.clear()
-            if kind == "peagle":
-                plan = plan_peagle(packed, K, head.config.mask_token_id, ratio=1.0, min_ratio=1.0)
-                peagle_step(head, plan, feats, 1.0, backward=False, stats=stats)
-            else:
-                eagle3_step(head, plan_eagle3(packed, K), feats, [1.0] * K, K, backward=False, stats=stats)
+            kind.eval_step(head, packed, feats, K, stats)
             anchor, depth, label, drafted = (torch.cat(t) for t in zip(*stats.elements))
             # The element predicts the token at row label + 1; the answer there is the target's greedy choice.
             ok = head.draft_to_target(drafted) == packed.input_ids[label + 1]
@@ -106,7 +105,7 @@ def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None,
     n = torch.tensor(stats.count[:K]).clamp_min(1)
     by_pos = (accepted_sum / max(anchors, 1)).tolist()
     return HeldOutResult(
-        head=head_name, kind=kind, shards=shards, draft_k=K, sequences=len(order), answer_tokens=answer_tokens,
+        head=head_name, kind=kind.name, shards=shards, draft_k=K, sequences=len(order), answer_tokens=answer_tokens,
         kl_by_depth=(torch.tensor(stats.loss_sum[:K]) / n).tolist(), agreement_by_depth=(agree_sum / n).tolist(),
         acceptance_by_position=by_pos, acceptance_length=1.0 + sum(by_pos), anchors=anchors)
 

@@ -27,17 +27,17 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import from_pretrained, read_tensors, save_pretrained
-from ..config import DrafterConfig
-from .forward import Features, eagle3_step, peagle_step
+from .. import kinds
+from ..checkpoint import read_tensors, save_pretrained
+from .forward import Features
 from .memory import rss_mb
-from .plan import pack, plan_eagle3, plan_peagle
+from .plan import pack
 from .precondition import load_raw_state, precondition_fc, raw_state
 
 
 @dataclass
 class TrainConfig:
-    kind: str  # "peagle" | "eagle3"
+    kind: str  # a trainable head kind of peagle.kinds: "peagle", "eagle3", ...
     data: str  # data directory (peagle train data)
     out: str  # run directory: checkpoints/, final/, log.jsonl
     target: str = "default"  # "default" (embedded SmolLM2), an HF id or a path
@@ -74,12 +74,11 @@ class TrainConfig:
     threads: int = 0  # torch threads per process (0 = torch's default)
     reschedule: bool = False  # resume with another max_steps / epochs (the cosine bends towards the new end)
     trim_memory: bool = True  # malloc_trim after every step (keeps a long CPU run's memory flat)
-    debug_step_sleep: float = 0.0  # tests: slow steps down so a kill lands mid-run
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.kind not in ("peagle", "eagle3"):
-            raise ValueError(f"kind must be 'peagle' or 'eagle3', got {self.kind!r}")
+        if self.kind not in kinds.names(trainable=True):
+            raise ValueError(f"kind must be one of {', '.join(kinds.names(trainable=True))}, got {self.kind!r}")
         if self.train_embedding not in ("mask", "all", "none"):
             raise ValueError(f"train_embedding must be mask, all or none, got {self.train_embedding!r}")
         if self.init_lm_head not in ("target", "random"):
@@ -128,18 +127,25 @@ class TrainSet:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def batch(self, indices: list[int], device) -> tuple:
+    def pack(self, indices: list[int]):
+        """The sequences ``indices`` packed into one stream (peagle.train.plan.Packed)."""
+        return pack([self.rows[i][2] for i in indices], [self.rows[i][3] for i in indices])
+
+    def features(self, indices: list[int], device) -> Features:
+        """The target features of the sequences ``indices``, in packed order (cached or computed)."""
         from .features import extract
 
-        seqs = [self.rows[i][2] for i in indices]
-        packed = pack(seqs, [self.rows[i][3] for i in indices])
         if self.cache is not None:
             parts = [self.cache.get(self.rows[i][0], self.rows[i][1], len(self.rows[i][2])) for i in indices]
         else:
-            parts = extract(self.target, seqs)
+            parts = extract(self.target, [self.rows[i][2] for i in indices])
         aux = torch.cat([a for a, _ in parts]).to(device)
         final = torch.cat([f for _, f in parts]).to(device)
-        return packed, Features(aux, lambda rows: self.logits(final[rows]))
+        return Features(aux, lambda rows: self.logits(final[rows]))
+
+    def batch(self, indices: list[int], device) -> tuple:
+        """(packed stream, features) of the sequences ``indices``."""
+        return self.pack(indices), self.features(indices, device)
 
 
 def sample_aux_rms(data: TrainSet, max_sequences: int = 64) -> torch.Tensor:
@@ -175,21 +181,8 @@ def micro_batches(indices: list[int], lengths: list[int], max_tokens: int) -> li
 
 # -- model -----------------------------------------------------------------------------------
 def build_head(cfg: TrainConfig, target, used_ids: torch.Tensor):
-    from ..drafters import Eagle3Drafter, PEagleDrafter
-
-    layers = cfg.layers or (4 if cfg.kind == "peagle" else 1)
-    overrides = {"intermediate_size": cfg.intermediate_size} if cfg.intermediate_size else {}
-    # P-EAGLE drafts at most the depth it was trained for; EAGLE-3 unrolls as far as asked.
-    K = cfg.max_depth if cfg.kind == "peagle" else max(16, cfg.ttt_steps)
-    dcfg = DrafterConfig.for_target(target, num_layers=layers, draft_vocab_size=int(used_ids.numel()),
-                                    max_draft_k=K, **overrides)
-    torch.manual_seed(cfg.seed)
-    head = (PEagleDrafter if cfg.kind == "peagle" else Eagle3Drafter)(dcfg).float()
-    head.set_draft_vocab(used_ids)
-    attach_embedding(head, target, cfg.train_embedding)
-    if cfg.init_lm_head == "target":
-        init_lm_head_from_target(head, target, used_ids)
-    return head
+    """The fresh fp32 head of a run, as its kind builds it (peagle.kinds: ``new_head``)."""
+    return kinds.get(cfg.kind).new_head(cfg, target, used_ids)
 
 
 def init_lm_head_from_target(head, target, used_ids: torch.Tensor) -> None:
@@ -318,7 +311,7 @@ def save_checkpoint(accelerator, out: Path, step: int, head, opt, sched, cfg: Tr
 
 
 #: options a resumed run may change; any other difference would change the result
-RESUMABLE_CHANGES = {"out", "data", "threads", "reschedule", "trim_memory", "debug_step_sleep", "log_every", "checkpoint_every", "keep_checkpoints", "features"}
+RESUMABLE_CHANGES = {"out", "data", "threads", "reschedule", "trim_memory", "log_every", "checkpoint_every", "keep_checkpoints", "features"}
 
 
 def check_resume_config(path: Path, cfg: TrainConfig) -> None:
@@ -409,6 +402,7 @@ def train(cfg: TrainConfig, target=None) -> Path:
     lengths = [len(r[2]) for r in data.rows]
     steps_per_epoch = math.ceil(len(data) / cfg.batch_size)
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    kind = kinds.get(cfg.kind)
     head = build_head(cfg, target, used_ids)
     if cfg.init_from:
         load_weights_from(head, cfg.init_from, target)
@@ -437,29 +431,20 @@ def train(cfg: TrainConfig, target=None) -> Path:
     for step in range(start, total_steps):
         batch = global_batch(step, len(data), cfg.batch_size, cfg.seed)
         mine = batch[rank::world]
-        plans = []
+        plans = []  # every micro-batch is planned first: the loss divides by the global batch's counts
         for mb in micro_batches(mine, lengths, cfg.micro_batch_tokens):
-            packed = pack([data.rows[i][2] for i in mb], [data.rows[i][3] for i in mb])
-            if cfg.kind == "peagle":
-                gens = [_seq_generator(cfg, step, i) for i in mb]
-                plan = plan_peagle(packed, cfg.max_depth, head.config.mask_token_id, cfg.cod_ratio, cfg.cod_min_ratio, gens)
-                counts = torch.tensor([float(plan.num_supervised)])
-            else:
-                plan = plan_eagle3(packed, cfg.ttt_steps)
-                counts = torch.tensor(plan.counts(cfg.ttt_steps), dtype=torch.float)
+            gens = [_seq_generator(cfg, step, i) for i in mb]
+            plan, counts = kind.plan(head, data.pack(mb), cfg, gens)
             plans.append((mb, plan, counts))
-        counts = sum(c for _, _, c in plans) if plans else torch.zeros(1 if cfg.kind == "peagle" else cfg.ttt_steps)
+        counts = sum(c for _, _, c in plans) if plans else torch.zeros(kind.count_size(cfg))
         counts = accelerator.reduce(counts.to(device), reduction="sum").cpu() if world > 1 else counts
         head.train()
-        depth_stats = torch.zeros(3, cfg.max_depth if cfg.kind == "peagle" else cfg.ttt_steps)
+        depth_stats = torch.zeros(3, kind.stat_depths(cfg))
         objective = torch.zeros(1)
         for mb, plan, _ in plans:
-            packed, feats = data.batch(mb, device)
+            feats = data.features(mb, device)
             with accelerator.autocast():
-                if cfg.kind == "peagle":
-                    st = peagle_step(head, plan, feats, float(counts.clamp_min(1).item()), cfg.segments)
-                else:
-                    st = eagle3_step(head, plan, feats, counts.tolist(), cfg.ttt_steps)
+                st = kind.step(head, plan, feats, counts, cfg)
             D = depth_stats.shape[1]
             for r, vals in enumerate((st.loss_sum, st.correct, st.count)):
                 depth_stats[r, : len(vals)] += torch.tensor(vals[:D])
@@ -473,8 +458,6 @@ def train(cfg: TrainConfig, target=None) -> Path:
         if world > 1:
             both = accelerator.reduce(torch.cat([objective, depth_stats.flatten()]).to(device), reduction="sum").cpu()
             objective, depth_stats = both[:1], both[1:].view_as(depth_stats)
-        if cfg.debug_step_sleep:
-            time.sleep(cfg.debug_step_sleep)
         if cfg.trim_memory:
             _release_freed_memory()
         done = step + 1
@@ -498,8 +481,3 @@ def train(cfg: TrainConfig, target=None) -> Path:
         (final / "trainer_state.json").write_text(json.dumps({"step": total_steps, "config": asdict(cfg)}, indent=1))
     accelerator.wait_for_everyone()
     return final
-
-
-def load_trained(path: str | Path, target=None):
-    """A head saved by ``train`` (OUT/final or a checkpoint's head/)."""
-    return from_pretrained(path, target=target)

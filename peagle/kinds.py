@@ -308,5 +308,46 @@ class Eagle3Kind(EagleKind):
         eagle3_step(head, plan_eagle3(packed, draft_k), feats, [1.0] * draft_k, draft_k, backward=False, stats=stats)
 
 
+# -- DFlash block drafters ----------------------------------------------------------------------
+class DFlashKind(HeadKind):
+    """DFlash heads (peagle.drafters.dflash) in their own engine layout (peagle.dflash_format).
+
+    Training (``peagle train dflash``) attaches here: set ``trainable = True`` and add the
+    training methods of the module docstring.
+    """
+
+    name = "dflash"
+    description = "train a DFlash head"
+    architectures = ("DFlashDraftModel",)
+    default_layers = 5  # the public DFlash heads
+
+    @property
+    def drafter_class(self) -> type:
+        from .drafters.dflash import DFlashDrafter
+
+        return DFlashDrafter
+
+    @property
+    def config_class(self) -> type:
+        from .drafters.dflash import DFlashConfig
+
+        return DFlashConfig
+
+    def config_for_target(self, target, num_layers: int | None = None, **overrides):
+        return self.config_class.for_target(target, num_layers=num_layers or self.default_layers, **overrides)
+
+    def save(self, head, path, dtype: torch.dtype | None = None, **options) -> Path:
+        # options of the EAGLE-3 layout (target_name=, compact=) do not apply: the layout has no such fields
+        from .dflash_format import save_dflash
+
+        return save_dflash(head, path, dtype=dtype)
+
+    def load(self, path, cfg_dict, target=None, dtype=None, device=None):
+        from .dflash_format import load_dflash
+
+        return load_dflash(path, target=target, dtype=dtype, device=device)
+
+
 register(PEagleKind())
 register(Eagle3Kind())
+register(DFlashKind())

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # CPU wheel on these machines; on a GPU machine set TORCH_SPEC to the CUDA build you want.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo test test-slow bench gpu-check check-vllm
+.PHONY: setup demo lint test test-slow bench gpu-check check-vllm
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,6 +19,10 @@ setup: $(BIN)/.installed
 
 demo: setup
 	$(BIN)/peagle demo
+
+# ruff (configured in pyproject.toml): syntax errors, pyflakes, import order
+lint: setup
+	$(BIN)/ruff check .
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -16,8 +16,16 @@ from pathlib import Path
 import torch
 
 from . import kinds
-from .checkpoint import (WEIGHTS, CheckpointError, config_from_dict, from_pretrained, read_config, read_tensors,
-                         save_pretrained, validate_tensors)
+from .checkpoint import (
+    WEIGHTS,
+    CheckpointError,
+    config_from_dict,
+    from_pretrained,
+    read_config,
+    read_tensors,
+    save_pretrained,
+    validate_tensors,
+)
 from .dtypes import DTYPE_NAMES, parse_dtype
 
 FORMATS = ("vllm", "compact")

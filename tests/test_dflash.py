@@ -142,3 +142,38 @@ def test_sampled_drafts_follow_q():
         tv = 0.5 * (freq - q[j]).abs().sum().item()
         null = [0.5 * (torch.bincount(torch.multinomial(q[j], n, True, generator=g), minlength=q.shape[1]).float() / n - q[j]).abs().sum().item() for _ in range(10)]
         assert tv < 1.5 * max(null), (j, tv, max(null))
+
+
+class DFlashOracle(DFlashDrafter):
+    """A real DFlash pass whose logits are then replaced by a known continuation.
+
+    Every cycle it checks the bookkeeping the lossless tests rely on: after absorbing, each row's
+    cache holds exactly the verified context (positions 0..len-2; the newest token has no target
+    state yet) and the block starts at the newest token's position. ``hostile`` shifts every
+    token by one, so nothing is ever accepted.
+    """
+
+    def __init__(self, config: DFlashConfig, full_sequences: list[list[int]], hostile: bool = False):
+        super().__init__(config)
+        self.full, self.hostile = full_sequences, hostile
+        self.rows = list(range(len(full_sequences)))
+
+    def reset(self, batch_size: int) -> None:
+        super().reset(batch_size)
+        self.rows = list(range(batch_size))
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        super().select_rows(index)
+        self.rows = [self.rows[i] for i in index.tolist()]
+
+    def draft_logits(self, step, draft_k):
+        real = super().draft_logits(step, draft_k)  # [B, k, V]
+        lens = step.history_lens
+        assert self.cache.lens.tolist() == (lens - 1).tolist(), (self.cache.lens, lens)
+        assert (self.block_inputs(step)[1][:, 0] == lens - 1).all()
+        wanted = []
+        for r, n in zip(self.rows, lens.tolist()):
+            seq = self.full[r]
+            wanted.append([(seq[min(n + j, len(seq) - 1)] + self.hostile) % real.shape[-1] for j in range(draft_k)])
+        onehot = torch.zeros_like(real).scatter_(-1, torch.tensor(wanted)[..., None], 50.0)
+        return real * 0 + onehot

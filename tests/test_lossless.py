@@ -1,7 +1,8 @@
 """Greedy speculative output == the target's own greedy output, token for token.
 
-Every architecture x every drafter x draft_k in {1, 3, 7, 11}, on a ragged batch of 3 prompts and
-49 new tokens (48 = a multiple of draft_k + 1 for every k, so the oracle fills every cycle).
+Every architecture x every drafter x draft_k in {1, 3, 7, 11} ({1, 3, 7, 15} for DFlash's block of
+16), on a ragged batch of 3 prompts and 49 new tokens (48 = a multiple of draft_k + 1 for every k,
+so the oracle fills every cycle).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tiny_models import ARCHS, hf_greedy, tiny_model
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 4], [100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 1]]
 NEW = 49
 DRAFT_KS = [1, 3, 7, 11]
+DFLASH_KS = [1, 3, 7, 15]
 
 
 @functools.lru_cache(maxsize=None)
@@ -31,6 +33,13 @@ def make_drafter(kind: str, target, reference):
         return peagle.PEagleDrafter(peagle.DrafterConfig.for_target(target, num_layers=2))
     if kind == "eagle3":
         return peagle.Eagle3Drafter(peagle.DrafterConfig.for_target(target, num_layers=1))
+    if kind.startswith("dflash"):
+        from test_dflash import DFlashOracle
+
+        config = peagle.DFlashConfig.for_target(target, num_layers=2, block_size=16)
+        if kind == "dflash":
+            return peagle.DFlashDrafter(config)
+        return DFlashOracle(config, full, hostile=kind == "dflash_hostile")
     if kind == "ngram":
         return peagle.NgramDrafter()
     if kind == "oracle":
@@ -48,20 +57,20 @@ def test_plain_decoding_matches_hf(arch):
     assert out.stats.acceptance_length == 1.0
 
 
-@pytest.mark.parametrize("kind", ["peagle", "eagle3", "ngram", "oracle", "hostile"])
+@pytest.mark.parametrize("kind", ["peagle", "eagle3", "ngram", "oracle", "hostile", "dflash", "dflash_oracle", "dflash_hostile"])
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_speculative_greedy_matches_hf(arch, kind):
     target, reference = setup(arch)
     drafter = make_drafter(kind, target, reference)
-    for k in DRAFT_KS:
+    for k in DFLASH_KS if kind.startswith("dflash") else DRAFT_KS:
         out = peagle.generate(target, drafter, PROMPTS, draft_k=k, max_new_tokens=NEW)
         assert out.sequences == reference, f"{arch} {kind} draft_k={k}"
         assert len(out.stats.per_position_acceptance) == k
-        if kind == "oracle":
+        if kind in ("oracle", "dflash_oracle"):
             assert all(a == k for cycle in out.stats.accepted_per_cycle for a in cycle)
             assert out.stats.acceptance_length == k + 1
             assert out.stats.per_position_acceptance == [1.0] * k
-        if kind == "hostile":
+        if kind in ("hostile", "dflash_hostile"):
             assert out.stats.acceptance_length == 1.0
             assert out.stats.per_position_acceptance == [0.0] * k
 

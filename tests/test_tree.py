@@ -21,10 +21,18 @@ def setup(arch):
     return peagle.Target(model), [hf_greedy(model, p, 41) for p in PROMPTS]
 
 
+def parallel_drafter(kind, target):
+    """The drafters whose one pass gives a distribution per depth: P-EAGLE and DFlash."""
+    if kind == "dflash":
+        return peagle.DFlashDrafter(peagle.DFlashConfig.for_target(target, num_layers=1, block_size=8))
+    return peagle.PEagleDrafter(peagle.DrafterConfig.for_target(target, num_layers=1))
+
+
+@pytest.mark.parametrize("kind", ["peagle", "dflash"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])
-def test_greedy_tree_matches_plain(arch):
+def test_greedy_tree_matches_plain(arch, kind):
     target, reference = setup(arch)
-    drafter = peagle.PEagleDrafter(peagle.DrafterConfig.for_target(target, num_layers=1))
+    drafter = parallel_drafter(kind, target)
     for tree in TREES:
         for k in (3, 7):
             out = peagle.generate(target, drafter, PROMPTS, draft_k=k, max_new_tokens=41, tree=tree)
@@ -44,12 +52,13 @@ def test_tree_accepts_runner_up_paths():
     assert tree.stats.acceptance_length == 4.0
 
 
-def test_sampled_tree_distribution_matches_target():
+@pytest.mark.parametrize("kind", ["peagle", "dflash"])
+def test_sampled_tree_distribution_matches_target(kind):
     model = tiny_model("llama")
     target = peagle.Target(model)
     exact = exact_second_token(model, 0.8)
     n = 20_000
-    drafter = peagle.PEagleDrafter(peagle.DrafterConfig.for_target(target, num_layers=1))
+    drafter = parallel_drafter(kind, target)
     out = peagle.generate(target, drafter, [PROMPT] * n, draft_k=2, max_new_tokens=2, temperature=0.8,
                           seed=11, tree=peagle.TreeConfig("dynamic", num_nodes=6))
     emitted = torch.bincount(torch.tensor([s[1] for s in out.sequences]), minlength=exact.numel()).float() / n
@@ -66,12 +75,15 @@ def test_tree_needs_a_parallel_drafter():
         peagle.TreeConfig("bushy")
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "peagle"])
+@pytest.mark.parametrize("kind", ["eagle3", "peagle", "dflash"])
 def test_single_branch_tree_equals_the_chain(kind):
     """A tree with one candidate per depth is the chain: same draft tokens from the same context."""
     target, _ = setup("llama")
-    cls = peagle.Eagle3Drafter if kind == "eagle3" else peagle.PEagleDrafter
-    drafter = cls(peagle.DrafterConfig.for_target(target, num_layers=2))
+    if kind == "dflash":
+        drafter = peagle.DFlashDrafter(peagle.DFlashConfig.for_target(target, num_layers=2, block_size=8))
+    else:
+        cls = peagle.Eagle3Drafter if kind == "eagle3" else peagle.PEagleDrafter
+        drafter = cls(peagle.DrafterConfig.for_target(target, num_layers=2))
     drafter.bind(target)
     g = torch.Generator().manual_seed(0)
     B, T, k = 3, 6, 5

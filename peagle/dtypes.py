@@ -17,7 +17,7 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
     try:
-        return DTYPES[str(name).lower()]
+        return DTYPES[str(name).replace("torch.", "").lower()]
     except KeyError:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}") from None
 

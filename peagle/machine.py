@@ -41,8 +41,6 @@ FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 MEASURE_TOKENS = (1, 2, 4, 8)
 MEASURE_CONTEXT = 100
 CACHE_FILE = "machine.json"
-DTYPE_NAMES = {"auto": "auto", "bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32",
-               "fp32": "float32", "float16": "float16", "fp16": "float16"}
 
 
 def cpu_facts() -> dict:
@@ -123,13 +121,15 @@ class DtypeChoice:
 
 
 def parse_dtype(dtype) -> torch.dtype | str:
-    """A torch dtype, or "auto"; names such as "bf16" / "float32" are accepted."""
-    if dtype is None or isinstance(dtype, torch.dtype):
+    """A torch dtype, or "auto"; names such as "bf16" / "float32" are accepted (peagle.dtypes)."""
+    from .dtypes import DTYPES
+
+    if dtype is None or dtype == "auto" or isinstance(dtype, torch.dtype):
         return "auto" if dtype is None else dtype
-    name = DTYPE_NAMES.get(str(dtype).replace("torch.", ""))
-    if name is None:
-        raise ValueError(f"dtype must be 'auto', a torch dtype or one of {sorted(DTYPE_NAMES)}, got {dtype!r}")
-    return name if name == "auto" else getattr(torch, name)
+    name = str(dtype).replace("torch.", "").lower()
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be 'auto', a torch dtype or one of {', '.join(DTYPES)}, got {dtype!r}")
+    return DTYPES[name]
 
 
 def choose_dtype(costs: dict, flags=()) -> tuple[str, str]:

@@ -17,6 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
+from ..dtypes import DTYPE_NAMES
+
 
 def _add_data(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="default", help="'default' (embedded SmolLM2), an HF id or a local path")
@@ -31,7 +33,7 @@ def _add_data(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shard-size", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--dtype", default="bfloat16", choices=DTYPE_NAMES)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--max-shards", type=int, default=None, help="stop after this many new shards")
     p.add_argument("--worker", default="0/1", help="I/N: do only shards with index %% N == I (N processes share --out)")
@@ -120,7 +122,7 @@ def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True, help="run directory (resumes from its last checkpoint)")
     p.add_argument("--target", default=d.target)
-    p.add_argument("--target-dtype", default=d.target_dtype, choices=["bfloat16", "float32", "float16"],
+    p.add_argument("--target-dtype", default=d.target_dtype, choices=DTYPE_NAMES,
                    help="dtype the target is served in (must match the features cache)")
     p.add_argument("--layers", type=int, default=None, help=f"decoder layers (default {head_kind.default_layers})")
     p.add_argument("--intermediate-size", type=int, default=None, help="MLP width (default: the target's)")
@@ -171,7 +173,7 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shards", default=None, help="shards to evaluate on, e.g. 12-13 (held out from training)")
     p.add_argument("--draft-k", type=int, default=None, help="depths (default: P-EAGLE's trained depth, 7 for EAGLE-3)")
     p.add_argument("--target", default="default")
-    p.add_argument("--target-dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--target-dtype", default="bfloat16", choices=DTYPE_NAMES)
     p.add_argument("--max-len", type=int, default=1024)
     p.add_argument("--max-sequences", type=int, default=None)
     p.add_argument("--threads", type=int, default=0)

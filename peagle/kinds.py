@@ -16,7 +16,8 @@ What a kind provides (a :class:`HeadKind` subclass; the two built-in kinds show 
     config_for_target(target, num_layers=None, **overrides) -> config
     build(config) -> drafter
     claims(cfg_dict, tensor_names) -> bool     a head directory of one of `architectures` is this kind
-    save(head, path, **options) -> Path        config.json + weights, in the layout engines load
+    save(head, path, **options) -> Path        config.json + weights, in the layout engines load (the
+                                               trainer passes target_name=; ignore options that do not apply)
     load(path, cfg_dict, target, dtype, device) -> drafter
 
 and, for ``peagle train NAME`` (``trainable = True``; TrainConfig ``cfg``, packed stream ``packed``)::

@@ -2,6 +2,7 @@
 from .checkpoint import load_drafter
 from .config import DrafterConfig
 from .drafters import DFlashConfig, DFlashDrafter, Draft, Drafter, DraftStep, Eagle3Drafter, NgramDrafter, PEagleDrafter
+from .drafters.base import DrafterBase, TreeDrafter
 from .generate import generate
 from .sampling import SamplingParams
 from .stats import GenerationOutput, GenerationStats
@@ -29,7 +30,7 @@ def _version() -> str:
 __version__ = _version()
 
 __all__ = [
-    "__version__", "DFlashConfig", "DFlashDrafter", "Draft", "Drafter", "FP8Linear", "load_fp8_state", "quantize_fp8", "save_fp8_state", "DraftStep", "DrafterConfig", "Eagle3Drafter", "GenerationOutput",
+    "__version__", "DFlashConfig", "DFlashDrafter", "Draft", "Drafter", "DrafterBase", "TreeDrafter", "FP8Linear", "load_fp8_state", "quantize_fp8", "save_fp8_state", "DraftStep", "DrafterConfig", "Eagle3Drafter", "GenerationOutput",
     "GenerationStats", "NgramDrafter", "PEagleDrafter", "SamplingParams", "Target", "TreeConfig", "generate",
     "load_drafter", "load_target",
 ]

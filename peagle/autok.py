@@ -13,9 +13,8 @@ Throughput of one cycle at batch size B with k drafts per row is B * E(k) / T(k,
               CPUs, where batched multi-token verification is far from free)
     O       = the rest of the cycle (bookkeeping, streaming)
 
-D and V are straight lines fitted to the per-k medians of the last ``window`` cycles (one vote
-per k) at the current batch size, or the nearest one measured; the first cycle at each batch size
-is a warm-up and not timed. Spans pool the acceptance seen at every k (``expected_tokens`` says why a per-cycle
+D, V and O come from ``peagle.costmodel`` (lines fitted to the per-k medians of recent cycles at
+the nearest measured batch size, one vote per k; warm-up cycles not timed). Spans pool the acceptance seen at every k (``expected_tokens`` says why a per-cycle
 model misjudges bursty drafters such as n-gram copying); a_j are decayed counts with a prior
 (deeper positions shrink toward the position before them). k = 0 (a plain decoding cycle) is
 allowed: a drafter that is never right costs nothing, and at a batch size where verifying k + 1
@@ -44,38 +43,18 @@ The choice never changes what is emitted: every cycle is verified, so output sta
 """
 from __future__ import annotations
 
-import time
 from collections import defaultdict, deque
-from statistics import median
+
 import torch
 
-
-def _typical(values) -> float:
-    """Median of recent samples. (Not a low quantile: a k chosen often would look cheaper than a
-    k probed once, and the policy would talk itself into the k it already uses.)"""
-    return median(values)
+from .costmodel import CostModel
+from .planner import BatchInfo, CyclePlan
 
 
 def _cycles_per_span(spans: torch.Tensor, max_k: int) -> torch.Tensor:
     """[max_k + 1, S] cycles each span of s tokens takes at draft_k = k: ceil(s / (k + 1))."""
     k = torch.arange(max_k + 1, dtype=torch.float64)
     return torch.ceil(spans[None, :] / (k[:, None] + 1))
-
-
-def _fit_line(points: dict[int, list[float]]) -> tuple[float, float]:
-    """Least-squares a + b*x over per-x medians, one vote per x (the k in use must not drown out
-    the probes that measure the slope); b clamped to >= 0."""
-    xs = [(x, _typical(v), 1) for x, v in points.items() if v]
-    if not xs:
-        return 0.0, 0.0
-    if len(xs) == 1:
-        return xs[0][1], 0.0
-    w = sum(c for _, _, c in xs)
-    mx = sum(x * c for x, _, c in xs) / w
-    my = sum(y * c for _, y, c in xs) / w
-    sxx = sum(c * (x - mx) ** 2 for x, _, c in xs)
-    b = max(sum(c * (x - mx) * (y - my) for x, y, c in xs) / sxx, 0.0) if sxx > 0 else 0.0
-    return my - b * mx, b
 
 
 class DraftKPolicy:
@@ -115,24 +94,19 @@ class DraftKPolicy:
         self.slowest_row, self.row_prior = slowest_row, row_prior
         self.tested = torch.zeros(max_k, dtype=torch.float64)  # [max_k] rows that reached draft j
         self.accepted = torch.zeros(max_k, dtype=torch.float64)  # [max_k] rows that accepted draft j
-        # batch size -> k -> recent seconds
-        # batch size -> the last `window` cycles as (k, seconds): recent only, because a cycle's cost
-        # also grows with the context, so old samples at one k must not be set against new ones
-        self._draft: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))
-        self._verify: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))  # k >= 1 only
-        self._plain: dict[int, deque] = defaultdict(lambda: deque(maxlen=4))  # V(1) seconds, k = 0 cycles
-        self._other: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))
-        self._slopes: dict[tuple[str, int], float] = {}  # (table, batch size) -> last slope measured
+        self.costs = CostModel(window, verify_shift=1, slope_memory=True, pooled=False)
         self._spans: deque = deque(maxlen=spans)  # tokens per completed span (see expected_tokens)
         self._open: dict[int, int] = {}  # row -> tokens of its span so far
         self._row_spans: dict = defaultdict(list)  # row -> its completed spans in this generate() call
         self.min_spans = 16
-        self.refit_every = 4
-        self._best: dict[int, int] = {}  # batch size -> last best_k
-        self._cycles = 0
-        self._seen_batch: set[int] = set()
-        self._t_choose: float | None = None
         self.history: list[int] = []  # k chosen each cycle (before generate() caps it at the budget)
+
+    #: the Planner protocol (peagle.planner)
+    needs_timing = True
+
+    @property
+    def max_draft_k(self) -> int:
+        return self.max_k
 
     # -- the model --------------------------------------------------------------------
     def acceptance(self) -> torch.Tensor:
@@ -185,52 +159,10 @@ class DraftKPolicy:
             out.append((own.sum() + prior_tokens) / (_cycles_per_span(own, self.max_k).sum(1) + prior_cycles))
         return torch.stack(out)
 
-    @staticmethod
-    def _nearest(table: dict, batch_size: int):
-        """The measured batch size nearest to batch_size (ties: the smaller), or None."""
-        sizes = [b for b, v in table.items() if v]
-        return min(sizes, key=lambda b: (abs(b - batch_size), b)) if sizes else None
-
-    def _line(self, name: str, table: dict, batch_size: int, shift: int) -> tuple[float, float]:
-        """a + b*n for the cost in ``table`` near this batch size (n = k + shift).
-
-        Level and slope come from the recent cycles of the nearest measured batch size. When they
-        all used one k, the slope is the last one measured there (or at the nearest batch size
-        whose recent cycles spread over several k), and the level is fitted through that k.
-        """
-        size = self._nearest(table, batch_size)
-        if size is None:
-            return 0.0, 0.0
-        by_k: dict[int, list[float]] = defaultdict(list)
-        for k, seconds in table[size]:
-            by_k[k + shift].append(seconds)
-        if len(by_k) >= 2:
-            a, b = _fit_line(by_k)
-            self._slopes[(name, size)] = b
-            return a, b
-        b = self._slopes.get((name, size))
-        if b is None:
-            known = [bs for (n, bs) in self._slopes if n == name]
-            b = self._slopes[(name, min(known, key=lambda x: (abs(x - size), x)))] if known else 0.0
-        (x0, v0), = by_k.items()
-        return _typical(v0) - b * x0, b
-
     def cycle_time(self, batch_size: int) -> torch.Tensor | None:
         """[max_k + 1] predicted seconds per cycle for k = 0..max_k, or None before any cycle
         that drafted was timed."""
-        if not any(self._verify.values()):
-            return None
-        va, vb = self._line("verify", self._verify, batch_size, 1)
-        da, db = self._line("draft", self._draft, batch_size, 0)
-        other = self._nearest(self._other, batch_size)
-        o = _typical(self._other[other]) if other is not None else 0.0
-        ks = torch.arange(self.max_k + 1, dtype=torch.float64)
-        t = (ks > 0) * (da + db * ks) + va + vb * (ks + 1) + o
-        # A plain step measured at the batch size the line comes from replaces the extrapolation.
-        size = self._nearest(self._verify, batch_size)
-        if self._plain.get(size):
-            t[0] = _typical(self._plain[size]) + o
-        return t
+        return self.costs.cycle_time(batch_size, self.max_k)
 
     def best_k(self, batch_size: int, remaining: dict | None = None) -> int:
         """argmax_k E(k) / T(k) over [min_k, max_k]; max_k before costs are known.
@@ -244,67 +176,55 @@ class DraftKPolicy:
             return self.max_k
         per_row = self.row_expected_tokens(list(remaining)) if remaining and self.slowest_row else None
         if per_row is None:
-            rate = self.expected_tokens() / t.clamp_min(1e-9)
+            rate = self.expected_tokens() / t
         else:
             left = torch.tensor([max(r, 1) for r in remaining.values()], dtype=torch.float64)  # [R]
             cycles_to_finish = (left[:, None] / per_row).amax(0)  # [max_k + 1]
-            rate = 1.0 / (cycles_to_finish * t.clamp_min(1e-9))
+            rate = 1.0 / (cycles_to_finish * t)
         rate[: self.min_k] = -1.0
         return int(rate.argmax())
 
-    # -- the hooks generate() calls ---------------------------------------------------
-    def choose(self, batch_size: int, remaining: dict | None = None) -> int:
-        """draft_k for the next cycle at this batch size; ``remaining``: row -> tokens it may still
-        emit (the rows' identities as ``observe`` gets them), or None to rate rows alike."""
-        self._t_choose = time.perf_counter()
+    # -- the Planner protocol ----------------------------------------------------------
+    def choose(self, batch: BatchInfo) -> CyclePlan:
+        """draft_k for the next cycle; ``batch.remaining`` (row -> tokens it may still emit, the rows
+        as ``observe`` gets them) feeds the slowest-row rule, None rates rows alike."""
+        cycles = self.costs.cycles
         # Seed: a warm-up cycle (not timed), then a middle and a shallow k before trusting the fit.
         # Modest on purpose: at batch 8 one cycle at k = 16 costs as much as three at k = 3.
         seed = [min(self.max_k, 4), min(self.max_k, 8), max(self.min_k, 1)] + ([0] if self.min_k == 0 else [])
-        if self._cycles < len(seed):
-            k = seed[self._cycles]
+        if cycles < len(seed):
+            k = seed[cycles]
         else:
-            if self._cycles % self.refit_every == 0 or batch_size not in self._best:
-                self._best[batch_size] = self.best_k(batch_size, remaining)  # ~1 ms: not every cycle
-            k = self._best[batch_size]
+            k = self.costs.refit(batch.size, lambda: self.best_k(batch.size, batch.remaining))
             # While decoding plainly, probe half as often: each probe then costs more than it earns.
             every = self.probe_every * (2 if k == 0 else 1)
-            if self._cycles % every == 0:  # probe around the choice: +1, -1, +2, -2, ...
-                step = (1, -1, 2, -2)[(self._cycles // every) % 4]
+            if cycles % every == 0:  # probe around the choice: +1, -1, +2, -2, ...
+                step = (1, -1, 2, -2)[(cycles // every) % 4]
                 k = min(self.max_k, max(self.min_k, 1, max(k, 1) + step))
-            elif self.min_k == 0 and k > 0 and self._cycles % self.plain_every == self.plain_every - 1:
+            elif self.min_k == 0 and k > 0 and cycles % self.plain_every == self.plain_every - 1:
                 k = 0  # keep V(1) measured
         self.history.append(k)
-        return k
+        return CyclePlan(k)
 
-    def observe(self, draft_k: int, batch_size: int, draft_s: float, verify_s: float,
-                num_accepted: torch.Tensor, rows=None) -> None:
-        """Record one cycle: the k used, its batch size, times, num_accepted [B] per row and the
-        rows' identities (any hashable per row, stable across cycles; None: no span statistics)."""
-        self._cycles += 1
-        cycle_s = time.perf_counter() - self._t_choose if self._t_choose is not None else draft_s + verify_s
-        self._t_choose = None
-        if batch_size in self._seen_batch:
-            if draft_k > 0:
-                self._verify[batch_size].append((draft_k, verify_s))
-                self._draft[batch_size].append((draft_k, draft_s))
-            else:
-                self._plain[batch_size].append(verify_s)
-            self._other[batch_size].append(max(cycle_s - draft_s - verify_s, 0.0))
-        self._seen_batch.add(batch_size)
+    def observe(self, cycle) -> None:
+        """Record one finished cycle (peagle.cycle.CycleResult): the k it ran, its costs, and each
+        row's accepted drafts with the rows' ids (spans are kept per row; rows None: no spans)."""
+        draft_k = cycle.plan.draft_k
+        self.costs.record(draft_k, cycle.batch_size, cycle.draft_s, cycle.verify_s, cycle.cycle_s)
         self.tested.mul_(self.decay)
         self.accepted.mul_(self.decay)
-        n = num_accepted.detach().to("cpu", torch.long).clamp(0, draft_k)  # [B]
-        if rows is not None:
-            for row, accepted in zip(rows, n.tolist()):
-                if draft_k == 0:  # nothing drafted: the span (if any) is unknowable, drop it
-                    self._open.pop(row, None)
-                elif accepted == draft_k:  # all accepted: the span goes on into the next cycle
-                    self._open[row] = self._open.get(row, 0) + accepted + 1
-                else:
-                    span = self._open.pop(row, 0) + accepted + 1
-                    self._spans.append(span)
-                    self._row_spans[row].append(span)
+        counts = [min(max(n, 0), draft_k) for n in cycle.accepted_counts()]
+        for row, accepted in zip(cycle.rows if cycle.rows is not None else [], counts):
+            if draft_k == 0:  # nothing drafted: the span (if any) is unknowable, drop it
+                self._open.pop(row, None)
+            elif accepted == draft_k:  # all accepted: the span goes on into the next cycle
+                self._open[row] = self._open.get(row, 0) + accepted + 1
+            else:
+                span = self._open.pop(row, 0) + accepted + 1
+                self._spans.append(span)
+                self._row_spans[row].append(span)
         if draft_k > 0:
+            n = torch.tensor(counts, dtype=torch.long)  # [B]
             j = torch.arange(1, draft_k + 1)
             # Draft j was judged when drafts 1..j-1 were all accepted, i.e. n >= j - 1.
             self.tested[:draft_k] += (n[:, None] >= j - 1).sum(0).double()
@@ -318,7 +238,7 @@ class DraftKPolicy:
     def summary(self) -> dict:
         """Mean chosen k and the current per-position acceptance (for reports)."""
         hist = self.history
-        return {"mean_draft_k": sum(hist) / len(hist) if hist else 0.0, "cycles": self._cycles,
+        return {"mean_draft_k": sum(hist) / len(hist) if hist else 0.0, "cycles": self.costs.cycles,
                 "acceptance": [round(x, 3) for x in self.acceptance().tolist()]}
 
 

@@ -18,7 +18,7 @@ it only steers the budget, never what is emitted.
 
 T(n) = D(n) + V(n + 1) + O: drafting (one pass for P-EAGLE, nearly flat in n) and verification are
 straight lines fitted to the per-n medians of the last ``window`` cycles at the nearest measured
-batch size (``peagle.autok`` fits them the same way); T(0) is a measured plain step.
+batch size (``peagle.costmodel``, shared with ``peagle.autok``); T(0) is a measured plain step.
 
 Above the largest budget verified recently E(n) is unknown, so every ``probe_every`` cycles one
 cycle verifies a bigger tree (1.5 n* + 1), and every ``plain_every`` cycles one is a plain step.
@@ -33,12 +33,12 @@ so any small tree pays a little here, and which of 2 or 4 nodes wins is within t
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections import defaultdict, deque
+from collections import deque
 
 import torch
 
-from .autok import _fit_line, _typical
+from .costmodel import CostModel
+from .planner import BatchInfo, CyclePlan
 from .tree import TreeConfig
 
 
@@ -46,8 +46,8 @@ def accepted_by_budget(path: torch.Tensor, num_nodes: int) -> torch.Tensor:
     """path [B, P] accepted node indices (root first, -1 padded) of a best-first tree with
     num_nodes nodes -> [B, num_nodes + 1]: drafts a tree of the first n nodes would have accepted,
     n = 0..num_nodes (greedy; an estimate under sampling)."""
-    nodes = path[:, 1:].to("cpu")  # [B, P - 1]
-    budgets = torch.arange(num_nodes + 1)
+    nodes = path[:, 1:]  # [B, P - 1]
+    budgets = torch.arange(num_nodes + 1, device=path.device)
     return ((nodes[:, :, None] >= 1) & (nodes[:, :, None] <= budgets)).sum(1)
 
 
@@ -80,18 +80,19 @@ class TreeSizePolicy:
         self._max_records = records
         self._accepted_sum = [0.0] * (self.max_nodes + 1)  # [n]: accepted(n) over recorded row-cycles
         self._rows_sum = [0] * (self.max_nodes + 1)  # [n]: row-cycles that verified >= n nodes
-        self.refit_every = 4
-        self._best: dict[int, int] = {}  # batch size -> last best_nodes
-        self._draft: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))  # batch -> (n, s)
-        self._verify: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))  # batch -> (n, s)
-        self._plain: dict[int, deque] = defaultdict(lambda: deque(maxlen=4))  # batch -> plain-step s
-        self._other: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))
-        self._seen_batch: set[int] = set()
-        self._cycles = 0
-        self._t_choose: float | None = None
+        # V fitted over n and read at n + 1; O and the plain step pooled over batch sizes.
+        self.costs = CostModel(window, verify_shift=0, slope_memory=False, pooled=True)
         self._plain_probes = 0  # probes since plain decoding became the choice
         self._next_plain_probe = 0  # cycle of the next such probe
         self.history: list[int] = []  # nodes chosen each cycle (0: plain)
+
+    #: the Planner protocol (peagle.planner); a plan's draft_k is its budget, the deepest such a
+    #: tree reaches (generate() gives it the call's draft_k)
+    needs_timing = True
+
+    @property
+    def max_draft_k(self) -> int:
+        return self.max_nodes
 
     def tree(self, num_nodes: int) -> TreeConfig:
         """The concrete tree for one cycle."""
@@ -111,31 +112,9 @@ class TreeSizePolicy:
             self._accepted_sum[n] += sign * counts[n]
             self._rows_sum[n] += sign * rows
 
-    @staticmethod
-    def _line(table: dict, batch_size: int) -> tuple[float, float] | None:
-        """a + b*n fitted at the measured batch size nearest to batch_size (ties: the smaller)."""
-        sizes = [b for b, v in table.items() if v]
-        if not sizes:
-            return None
-        size = min(sizes, key=lambda b: (abs(b - batch_size), b))
-        by_n: dict[int, list[float]] = defaultdict(list)
-        for n, seconds in table[size]:
-            by_n[n].append(seconds)
-        return _fit_line(by_n)
-
     def cycle_time(self, batch_size: int) -> torch.Tensor | None:
         """[max_nodes + 1] predicted seconds per cycle, or None before a tree cycle was timed."""
-        verify, draft = self._line(self._verify, batch_size), self._line(self._draft, batch_size)
-        if verify is None or draft is None:
-            return None
-        n = torch.arange(self.max_nodes + 1, dtype=torch.float64)
-        other = [s for b in self._other.values() for s in b]
-        o = _typical(other) if other else 0.0
-        t = draft[0] + draft[1] * n + verify[0] + verify[1] * (n + 1) + o
-        # A plain step: measured at this batch size, else at any, else the verify line at one token.
-        plain = self._plain.get(batch_size) or [s for v in self._plain.values() for s in v]
-        t[0] = (_typical(plain) if plain else verify[0] + verify[1]) + o
-        return t.clamp_min(1e-9)
+        return self.costs.cycle_time(batch_size, self.max_nodes)
 
     def best_nodes(self, batch_size: int, *, min_nodes: int = 0) -> int:
         """argmax_n E(n) / T(n) over budgets with a measured E(n) (>= min_nodes)."""
@@ -146,55 +125,46 @@ class TreeSizePolicy:
         rate[:min_nodes] = -1.0
         return int(rate.argmax())
 
-    # -- the hooks generate() calls ---------------------------------------------------
-    def choose(self, batch_size: int) -> int:
-        """Node budget for the next cycle (0: a plain decoding step)."""
-        self._t_choose = time.perf_counter()
+    # -- the Planner protocol ----------------------------------------------------------
+    def choose(self, batch: BatchInfo) -> CyclePlan:
+        """The next cycle's tree (its node budget n; n = 0: a plain decoding step)."""
+        cycles, size = self.costs.cycles, batch.size
         # Seed: a warm-up (not timed), the largest tree (E(n) for every n), a small one, a plain step.
         seed = [min(8, self.max_nodes), self.max_nodes, min(2, self.max_nodes), 0]
-        if self._cycles < len(seed):
-            n = seed[self._cycles]
+        if cycles < len(seed):
+            n = seed[cycles]
         else:
-            if self._cycles % self.refit_every == 0 or batch_size not in self._best:
-                self._best[batch_size] = self.best_nodes(batch_size)  # ~0.2 ms: not every cycle
-            n = self._best[batch_size]
+            n = self.costs.refit(size, lambda: self.best_nodes(size))
             if n == 0:
                 # Decoding plainly: try the best tree now and then (a probe costs more than it earns
                 # here), backing off 2x per probe up to 8 probe_every while plain stays best.
-                if self._cycles >= self._next_plain_probe:
-                    n = self.best_nodes(batch_size, min_nodes=1)
+                if cycles >= self._next_plain_probe:
+                    n = self.best_nodes(size, min_nodes=1)
                     self._plain_probes += 1
-                    self._next_plain_probe = self._cycles + self.probe_every * min(2 ** self._plain_probes, 8)
+                    self._next_plain_probe = cycles + self.probe_every * min(2 ** self._plain_probes, 8)
             else:
-                self._plain_probes, self._next_plain_probe = 0, self._cycles + self.probe_every
-                if self._cycles % self.probe_every == 0:
+                self._plain_probes, self._next_plain_probe = 0, cycles + self.probe_every
+                if cycles % self.probe_every == 0:
                     n = min(self.max_nodes, n + n // 2 + 1)
-                elif self._cycles % self.plain_every == self.plain_every - 1:
+                elif cycles % self.plain_every == self.plain_every - 1:
                     n = 0
         self.history.append(n)
-        return n
+        return CyclePlan(n, self.tree(n)) if n > 0 else CyclePlan(0)
 
-    def observe(self, num_nodes: int, batch_size: int, draft_s: float, verify_s: float,
-                accepted: torch.Tensor | None) -> None:
-        """Record one cycle: its budget (0: plain), batch size, times, and for a tree cycle
-        ``accepted_by_budget`` [B, num_nodes + 1]."""
-        self._cycles += 1
-        cycle_s = time.perf_counter() - self._t_choose if self._t_choose is not None else draft_s + verify_s
-        self._t_choose = None
-        if batch_size in self._seen_batch:  # a batch size's first cycle is a warm-up
-            if num_nodes > 0:
-                self._draft[batch_size].append((num_nodes, draft_s))
-                self._verify[batch_size].append((num_nodes, verify_s))
-            else:
-                self._plain[batch_size].append(verify_s)
-            self._other[batch_size].append(max(cycle_s - draft_s - verify_s, 0.0))
-        self._seen_batch.add(batch_size)
+    def observe(self, cycle) -> None:
+        """Record one finished cycle (peagle.cycle.CycleResult): its budget (0: plain), costs and,
+        for a tree cycle, ``accepted_by_budget`` [B, num_nodes + 1]."""
+        num_nodes, accepted = cycle.plan.num_nodes, cycle.accepted_by_budget
+        self.costs.record(num_nodes, cycle.batch_size, cycle.draft_s, cycle.verify_s, cycle.cycle_s)
         if num_nodes > 0 and accepted is not None:
             record = (num_nodes, accepted.sum(0).tolist(), accepted.shape[0])
             self._records.append(record)
             self._record(*record)
             if len(self._records) > self._max_records:
                 self._record(*self._records.popleft(), sign=-1)
+
+    def start(self) -> None:
+        """A new generate() call (nothing here is per row)."""
 
 
 def make_tree_policy(tree) -> TreeSizePolicy | None:

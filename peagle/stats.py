@@ -23,11 +23,12 @@ class GenerationStats:
     accepted_tokens: int  # drafts accepted, summed over rows and cycles
     per_position_acceptance: list[float]  # [draft_k]: P(draft j accepted) over cycles drafting j
     wall_time_s: float  # the whole call, prefill included
-    draft_time_s: float  # time inside drafter.draft()
-    verify_time_s: float  # target passes (prefill and verification) and the verifier
+    draft_time_s: float  # time inside drafter.draft() (0 unless generate() timed its cycles)
+    verify_time_s: float  # target passes and the verifier: prefill, and the cycles if timed
     prefill_time_s: float  # the part of verify_time_s spent on the prompt pass
     cycles: int  # loop iterations (each one target forward over the whole batch)
     accepted_per_cycle: list[list[int]] = field(default_factory=list, repr=False)  # per cycle, per active row
+    timed: bool = True  # cycles were timed (generate(timing=...)): draft/verify split measured
 
     @property
     def acceptance_length(self) -> float:
@@ -73,3 +74,35 @@ class GenerationOutput:
         s = self.stats.as_dict()
         rows = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in s.items())
         return f"<b>GenerationOutput</b> ({len(self.sequences)} rows)<table>{rows}</table>"
+
+
+class StatsAccumulator:
+    """Sums what every cycle of one generate() call contributes to its GenerationStats."""
+
+    def __init__(self, draft_k: int, timed: bool):
+        self.draft_k, self.timed = draft_k, timed
+        self.drafted = [0] * draft_k  # [draft_k] row-cycles that drafted position j
+        self.accepted_at = [0] * draft_k  # [draft_k] ... and had it accepted
+        self.accepted_per_cycle: list[list[int]] = []
+        self.target_passes = self.accepted = 0
+        self.draft_s = self.verify_s = self.prefill_s = 0.0
+
+    def add(self, cycle) -> None:
+        """One finished cycle (peagle.cycle.CycleResult)."""
+        counts = cycle.accepted_counts()
+        self.accepted_per_cycle.append(counts)
+        self.target_passes += len(counts)
+        self.accepted += sum(counts)
+        self.draft_s += cycle.draft_s
+        self.verify_s += cycle.verify_s
+        for j in range(cycle.depth):  # draft k, or the tree's depth
+            self.drafted[j] += len(counts)
+            self.accepted_at[j] += sum(n > j for n in counts)
+
+    def finish(self, new_tokens: int, wall_s: float) -> GenerationStats:
+        per_pos = [a / max(d, 1) for a, d in zip(self.accepted_at, self.drafted)]
+        return GenerationStats(
+            draft_k=self.draft_k, new_tokens=new_tokens, target_passes=self.target_passes,
+            accepted_tokens=self.accepted, per_position_acceptance=per_pos, wall_time_s=wall_s,
+            draft_time_s=self.draft_s, verify_time_s=self.prefill_s + self.verify_s, prefill_time_s=self.prefill_s,
+            cycles=len(self.accepted_per_cycle), accepted_per_cycle=self.accepted_per_cycle, timed=self.timed)

@@ -9,6 +9,8 @@ import torch
 
 import peagle
 from peagle.autotree import TreeSizePolicy, accepted_by_budget
+from peagle.cycle import CycleResult
+from peagle.planner import BatchInfo, CyclePlan
 from peagle.kernels import tree_verify
 from tiny_models import hf_greedy, tiny_model
 
@@ -75,17 +77,24 @@ def test_a_smaller_budget_builds_a_prefix_of_the_bigger_tree(kind):
         assert torch.equal(small.tokens, big.tokens[:, : n + 1]), n
 
 
+def _observe(policy, num_nodes, batch, draft_s, verify_s, counts):
+    """One finished cycle of num_nodes (0: plain) with accepted_by_budget counts [B, num_nodes + 1]."""
+    plan = CyclePlan(num_nodes, policy.tree(num_nodes)) if num_nodes else CyclePlan(0)
+    accepted = counts[:, -1].long() if counts is not None else torch.zeros(batch, dtype=torch.long)
+    policy.observe(CycleResult(plan, None, accepted, draft_s, verify_s, accepted_by_budget=counts))
+
+
 def _feed(policy, cycles, verify_ms, accept_rate, draft_ms=12.0, plain_ms=55.0, batch=1):
     """Drive the policy with synthetic cycles: verify cost verify_ms(n + 1); the n-th best node of a
     tree is on the accepted path with probability accept_rate(n) (a deterministic expectation)."""
     for _ in range(cycles):
-        n = policy.choose(batch)
+        n = policy.choose(BatchInfo(list(range(batch)))).num_nodes
         if n == 0:
-            policy.observe(0, batch, 0.0, plain_ms / 1e3, None)
+            _observe(policy, 0, batch, 0.0, plain_ms / 1e3, None)
             continue
         # Expected accepted drafts with the first m nodes: the sum of the per-node rates.
         counts = torch.tensor([[sum(accept_rate(j) for j in range(1, m + 1)) for m in range(n + 1)]])
-        policy.observe(n, batch, draft_ms / 1e3, verify_ms(n + 1) / 1e3, counts)
+        _observe(policy, n, batch, draft_ms / 1e3, verify_ms(n + 1) / 1e3, counts)
 
 
 def _rates(costs_ms, accept_rate, draft_ms=12.0, plain_ms=55.0, max_nodes=32):
@@ -166,7 +175,7 @@ def test_running_sums_forget_old_cycles():
     for i in range(37):
         n = 1 + i % 8
         counts = torch.randint(0, 3, (2, n + 1), generator=g).cummax(1).values  # non-decreasing in n
-        policy.observe(n, 2, 0.01, 0.05, counts)
+        _observe(policy, n, 2, 0.01, 0.05, counts)
         seen.append((n, counts))
     accepted, rows = torch.zeros(9, dtype=torch.float64), torch.zeros(9, dtype=torch.float64)
     for n, counts in seen[-10:]:

@@ -104,3 +104,23 @@ def test_bad_config_values():
 def test_aux_layer_ids_must_ascend():
     with pytest.raises(ValueError, match="strictly increasing"):
         peagle.Target(tiny_model("llama"), aux_layer_ids=(2, 1, 3))
+
+
+@pytest.mark.parametrize("drafter", [object(), "ngram", nn.Linear(2, 2)])
+def test_drafter_not_implementing_the_protocol(drafter):
+    with pytest.raises(ValueError, match="drafter must implement peagle.Drafter"):
+        peagle.generate(target(), drafter, [[1, 2, 3]], draft_k=2, max_new_tokens=4)
+
+
+def test_prompts_none():
+    with pytest.raises(ValueError, match="prompts"):
+        peagle.generate(target(), None, None, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("stop,word", [
+    ("", "stop strings must be non-empty"), (["x", ""], "stop strings must be non-empty"),
+    (-1, r"stop token ids must be in \[0, 320\)"), ([5, 320], r"stop token ids must be in \[0, 320\)"),
+])
+def test_empty_stop_strings_and_stop_ids_outside_the_vocabulary(stop, word):
+    with pytest.raises(ValueError, match=word):
+        peagle.generate(target(), None, [[1, 2, 3]], max_new_tokens=4, stop=stop)

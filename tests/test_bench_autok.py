@@ -9,6 +9,8 @@ import torch
 import peagle
 from peagle.autok import DraftKPolicy, make_policy
 from peagle.bench.models import tiny_target
+from peagle.cycle import CycleResult
+from peagle.planner import BatchInfo, CyclePlan
 from drafters_for_tests import OracleDrafter
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4], [100, 101, 102, 103, 104, 105, 106, 107, 108, 1]]
@@ -38,14 +40,26 @@ class ScriptedPolicy(DraftKPolicy):
         self.schedule = schedule
         self.observed = []
 
-    def choose(self, batch_size, remaining=None):
+    def choose(self, batch):
         k = self.schedule[len(self.history) % len(self.schedule)]
         self.history.append(k)
-        return k
+        return CyclePlan(k)
 
-    def observe(self, draft_k, batch_size, draft_s, verify_s, num_accepted, rows=None):
-        self.observed.append((draft_k, batch_size, draft_s, verify_s, num_accepted.tolist(), list(rows)))
-        super().observe(draft_k, batch_size, draft_s, verify_s, num_accepted, rows)
+    def observe(self, cycle):
+        self.observed.append((cycle.plan.draft_k, cycle.batch_size, cycle.draft_s, cycle.verify_s,
+                              cycle.accepted_counts(), list(cycle.rows)))
+        super().observe(cycle)
+
+
+def choose(policy, batch_size, remaining=None):
+    """The policy's draft_k for a batch of rows 0..batch_size - 1."""
+    return policy.choose(BatchInfo(list(range(batch_size)), remaining)).draft_k
+
+
+def observe(policy, draft_k, batch_size, draft_s, verify_s, num_accepted, rows=None):
+    """One finished cycle; rows None: no span statistics."""
+    assert len(num_accepted) == batch_size
+    policy.observe(CycleResult(CyclePlan(draft_k), rows, torch.as_tensor(num_accepted), draft_s, verify_s))
 
 
 class RecordingDrafter(OracleDrafter):
@@ -105,8 +119,8 @@ def test_oracle_drives_auto_deep_and_lossless():
 
 def _feed(policy, k, draft_s, verify_s, accepted, batch=1, times=20):
     for _ in range(times):
-        policy.choose(batch)
-        policy.observe(k, batch, draft_s(k), verify_s(k), torch.tensor([accepted(k)] * batch))
+        choose(policy, batch)
+        observe(policy, k, batch, draft_s(k), verify_s(k), [accepted(k)] * batch)
 
 
 def test_cost_model_picks_zero_for_a_useless_drafter_and_deep_for_a_perfect_one():
@@ -191,8 +205,8 @@ def test_spans_predict_other_draft_ks_for_a_bursty_drafter():
     t = lambda k: 0.0  # noqa: E731 (costs do not matter here)
     for _ in range(20):  # at k = 5 every span is 5 + bonus, 5 + bonus, then a miss: 13 tokens
         for n in (5, 5, 0):
-            policy.choose(1)
-            policy.observe(5, 1, t(5), t(5), torch.tensor([n]), rows=[0])
+            choose(policy, 1)
+            observe(policy, 5, 1, t(5), t(5), torch.tensor([n]), rows=[0])
     E = policy.expected_tokens()
     # spans of 13 tokens (12 right + the miss): k = 3 needs ceil(13/4) = 4 cycles, k = 12 one
     assert E[3].item() == pytest.approx(13 / 4) and E[12].item() == pytest.approx(13.0)
@@ -203,18 +217,18 @@ def test_spans_predict_other_draft_ks_for_a_bursty_drafter():
 
 def test_rows_leaving_and_new_calls_keep_spans_apart():
     policy = DraftKPolicy(max_k=4)
-    policy.choose(2)
-    policy.observe(2, 2, 0.0, 0.0, torch.tensor([2, 1]), rows=[0, 1])  # row 0 open (3), row 1 span 2
-    policy.choose(1)
-    policy.observe(2, 1, 0.0, 0.0, torch.tensor([0]), rows=[0])  # row 0 closes: 3 + 1
+    choose(policy, 2)
+    observe(policy, 2, 2, 0.0, 0.0, torch.tensor([2, 1]), rows=[0, 1])  # row 0 open (3), row 1 span 2
+    choose(policy, 1)
+    observe(policy, 2, 1, 0.0, 0.0, torch.tensor([0]), rows=[0])  # row 0 closes: 3 + 1
     assert list(policy._spans) == [2, 4]
-    policy.choose(1)
-    policy.observe(2, 1, 0.0, 0.0, torch.tensor([2]), rows=[0])  # open again ...
+    choose(policy, 1)
+    observe(policy, 2, 1, 0.0, 0.0, torch.tensor([2]), rows=[0])  # open again ...
     policy.start()  # ... but a new generate() call begins
-    policy.choose(1)
-    policy.observe(2, 1, 0.0, 0.0, torch.tensor([1]), rows=[0])
+    choose(policy, 1)
+    observe(policy, 2, 1, 0.0, 0.0, torch.tensor([1]), rows=[0])
     assert list(policy._spans) == [2, 4, 2]
-    policy.observe(0, 1, 0.0, 0.0, torch.tensor([0]), rows=[0])  # k = 0 tells nothing
+    observe(policy, 0, 1, 0.0, 0.0, torch.tensor([0]), rows=[0])  # k = 0 tells nothing
     assert list(policy._spans) == [2, 4, 2]
 
 
@@ -224,11 +238,11 @@ def test_the_row_that_needs_most_cycles_sets_the_batch_choice():
     policy = DraftKPolicy(max_k=5)
     assert policy.slowest_row  # the default
     for _ in range(60):
-        policy.choose(2)
-        policy.observe(5, 2, 0.01, 0.14, torch.tensor([4, 0]), rows=[0, 1])
+        choose(policy, 2)
+        observe(policy, 5, 2, 0.01, 0.14, torch.tensor([4, 0]), rows=[0, 1])
     for _ in range(3):
-        policy.choose(2)
-        policy.observe(0, 2, 0.0, 0.10, torch.tensor([0, 0]), rows=[0, 1])
+        choose(policy, 2)
+        observe(policy, 0, 2, 0.0, 0.10, torch.tensor([0, 0]), rows=[0, 1])
     assert policy.best_k(2) >= 4  # pooled spans: drafting looks 2x better (k = 4 drafts them all)
     # Equal budgets: row 1 needs as many cycles at any k, so drafting only makes each cycle dearer.
     assert policy.best_k(2, {0: 30, 1: 30}) == 0
@@ -240,7 +254,7 @@ def test_the_row_that_needs_most_cycles_sets_the_batch_choice():
     policy.start()  # a new call: rows' own spans are forgotten, the pool is kept
     assert policy.best_k(2, {0: 30, 1: 30}) >= 4
     policy.slowest_row = False  # the pooled rule rates the mean row, whatever the budgets
-    policy.observe(5, 2, 0.01, 0.14, torch.tensor([4, 0]), rows=[0, 1])
+    observe(policy, 5, 2, 0.01, 0.14, torch.tensor([4, 0]), rows=[0, 1])
     assert policy.best_k(2, {0: 30, 1: 30}) >= 4
     with pytest.raises(ValueError, match="row_prior"):
         DraftKPolicy(row_prior=0)

@@ -8,6 +8,10 @@ has speculative state to roll back: entries for rejected drafts are simply never
 Pairing rule (EAGLE): the hidden state at position i travels with the token at position i+1, the
 token the target chose from it. So after a cycle that accepted a drafts and then emitted token t,
 the new pairs are (h_n, d_1), ..., (h_{n+a-1}, d_a), (h_{n+a}, t) at positions n..n+a.
+
+To write one, subclass :class:`DrafterBase` and implement ``draft`` (docs/custom_drafter.md); a
+drafter that also builds draft trees implements :class:`TreeDrafter`'s ``draft_tree``.
+generate() checks every Draft against the contract and names the drafter when it is broken.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from ..sampling import SamplingParams
+from ..tree import DraftTree, TreeConfig
 
 
 @dataclass
@@ -35,8 +40,8 @@ class DraftStep:
 
 @dataclass
 class Draft:
-    tokens: torch.Tensor  # [B, k] int64 proposed tokens
-    probs: torch.Tensor | None = None  # [B, k, V] q the tokens were drawn from; None = greedy (one-hot)
+    tokens: torch.Tensor  # [B, k] integer proposed tokens in [0, V), on the target's device
+    probs: torch.Tensor | None = None  # [B, k, V] float q the tokens were drawn from; None = greedy (one-hot)
 
 
 @runtime_checkable
@@ -57,3 +62,31 @@ class Drafter(Protocol):
 
     def draft(self, step: DraftStep, draft_k: int) -> Draft:
         """Absorb the new context and propose draft_k tokens per row."""
+
+
+@runtime_checkable
+class TreeDrafter(Drafter, Protocol):
+    """A drafter that can also propose a tree of candidates (``generate(tree=...)``)."""
+
+    def draft_tree(self, step: DraftStep, depth: int, config: TreeConfig) -> DraftTree:
+        """Absorb the new context and propose a tree ``depth`` deep shaped by config."""
+
+
+class DrafterBase:
+    """The optional half of the contract done: a stateless drafter subclasses this and writes
+    ``draft``. Override ``bind`` / ``reset`` / ``select_rows`` to keep per-row state (a cache),
+    and set ``max_draft_k`` when only so many drafts per cycle make sense."""
+
+    max_draft_k: int | None = None
+
+    def bind(self, target) -> None:
+        pass
+
+    def reset(self, batch_size: int) -> None:
+        pass
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        pass
+
+    def draft(self, step: DraftStep, draft_k: int) -> Draft:
+        raise NotImplementedError(f"{type(self).__name__} must implement draft(step, draft_k) -> peagle.Draft")

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..config import DrafterConfig
 from ..sampling import SamplingParams, process_logits, sample_from_weights
-from .base import DraftStep
+from .base import DrafterBase, DraftStep
 from .layers import DecoderLayer, KVCache, RMSNorm, rope_cos_sin
 
 
@@ -24,7 +24,7 @@ def _attention_impl():
     return parallel_draft_attention
 
 
-class DraftHead(nn.Module):
+class DraftHead(nn.Module, DrafterBase):
     def __init__(self, config: DrafterConfig):
         super().__init__()
         self.config = config

@@ -8,26 +8,18 @@ from __future__ import annotations
 
 import torch
 
-from .base import Draft, DraftStep
+from .base import Draft, DrafterBase, DraftStep
 
 
-class NgramDrafter:
+class NgramDrafter(DrafterBase):
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_draft_k: int | None = None):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"min_ngram/max_ngram must satisfy 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.max_draft_k = max_draft_k
 
-    def bind(self, target) -> None:
-        pass
-
-    def reset(self, batch_size: int) -> None:
-        pass  # stateless: it reads step.history
-
-    def select_rows(self, index: torch.Tensor) -> None:
-        pass
-
     def draft(self, step: DraftStep, draft_k: int) -> Draft:
+        """Stateless: it reads step.history (bind / reset / select_rows are DrafterBase's no-ops)."""
         rows = []
         for seq, n in zip(step.history.tolist(), step.history_lens.tolist()):
             rows.append(self._lookup(seq[:n], draft_k))

@@ -235,12 +235,6 @@ class DraftKPolicy:
         self._open.clear()
         self._row_spans.clear()
 
-    def summary(self) -> dict:
-        """Mean chosen k and the current per-position acceptance (for reports)."""
-        hist = self.history
-        return {"mean_draft_k": sum(hist) / len(hist) if hist else 0.0, "cycles": self.costs.cycles,
-                "acceptance": [round(x, 3) for x in self.acceptance().tolist()]}
-
 
 def make_policy(draft_k, drafter, **options) -> DraftKPolicy:
     """``"auto"`` -> a fresh DraftKPolicy sized for the drafter (``options``: its other arguments);

@@ -53,8 +53,8 @@ class TreeConfig:
             return min(draft_k, len(self.branching))
         return min(draft_k, self.max_nodes if self.num_nodes == "auto" else self.num_nodes)
 
-    def max_width(self, draft_k: int) -> int:
-        """Candidates needed per depth."""
+    def max_width(self) -> int:
+        """Candidates needed per depth: a dynamic tree may spend its whole budget at one depth."""
         return self.num_nodes if self.kind == "dynamic" else max(self.branching)
 
 
@@ -99,7 +99,7 @@ def _dynamic_row(logq: list[list[float]], cands: list[list[int]], budget: int) -
 def build_tree(depth_logq: torch.Tensor, root_tokens: torch.Tensor, config: TreeConfig) -> DraftTree:
     """depth_logq [B, K, V] draft log-probs per depth; root_tokens [B] -> DraftTree."""
     B, K, _ = depth_logq.shape
-    width = min(config.max_width(K), depth_logq.shape[-1])
+    width = min(config.max_width(), depth_logq.shape[-1])
     top = depth_logq.float().topk(width, dim=-1)
     values, indices = top.values.tolist(), top.indices.tolist()
     rows = []

@@ -76,17 +76,18 @@ def generate(
     prompt_ids, stop_ids, stop_strings = _check_inputs(target, drafter, prompts, chat, seed, stop, tree, max_new_tokens)
     planner = make_planner(draft_k, tree, drafter)
     _check_lengths(target, drafter, planner.max_draft_k, max_new_tokens, prompt_ids)
-    if timing is not None and not isinstance(timing, bool) or timing is False and planner.needs_timing:
+    timing = planner.needs_timing if timing is None else timing
+    if not isinstance(timing, bool) or planner.needs_timing and not timing:
         raise ValueError(f"timing must be True, False or None (False only with a fixed draft_k and tree), got {timing!r}")
-    clock = Clock(target.device, planner.needs_timing if timing is None else timing)
     generator = torch.Generator(device=target.device)
     generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
     outputs = Outputs(len(prompt_ids), max_new_tokens, stop_ids, stop_strings, target.tokenizer)
-    stats = StatsAccumulator(planner.max_draft_k, clock.timing)
+    stats = StatsAccumulator(planner.max_draft_k, timing)
     call_drafter = DraftCall(drafter, target.vocab_size, target.device)
     planner.start()
     if drafter is not None:
         drafter.bind(target)
+    clock = Clock(target.device, timing)
     # 0. prefill
     batch = prefill(target, drafter, prompt_ids, params, generator, extra=max_new_tokens + planner.max_draft_k + 1)
     stats.prefill_s = clock.lap(always=True)

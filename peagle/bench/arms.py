@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -18,12 +19,22 @@ import peagle
 from peagle.autok import DraftKPolicy
 from peagle.autotree import TreeSizePolicy
 
-ARMS = ("plain", "eagle3", "peagle", "ngram", "hf_generate", "hf_prompt_lookup", "peagle_tree", "eagle3_tree")
+ARMS = ("plain", "eagle3", "peagle", "ngram", "hf_generate", "hf_prompt_lookup", "peagle_tree", "eagle3_tree",
+        "dflash", "llamacpp", "llamacpp_prompt_lookup")
+#: what `peagle bench` runs without --arms: the optional arms (a DFlash head, llama-cpp-python) only on request
+DEFAULT_ARMS = ARMS[:8]
 LABELS = {"plain": "plain", "eagle3": "EAGLE-3", "peagle": "P-EAGLE", "ngram": "n-gram",
           "hf_generate": "HF generate", "hf_prompt_lookup": "HF prompt lookup",
-          "peagle_tree": "P-EAGLE tree", "eagle3_tree": "EAGLE-3 tree"}
-DRAFTING = ("eagle3", "peagle", "ngram", "hf_prompt_lookup", "peagle_tree", "eagle3_tree")  # arms that take a draft_k
-PEAGLE_ARMS = ("plain", "eagle3", "peagle", "ngram", "peagle_tree", "eagle3_tree")  # arms that run peagle.generate
+          "peagle_tree": "P-EAGLE tree", "eagle3_tree": "EAGLE-3 tree", "dflash": "DFlash",
+          "llamacpp": "llama.cpp", "llamacpp_prompt_lookup": "llama.cpp prompt lookup"}
+#: arms that take a draft_k
+DRAFTING = ("eagle3", "peagle", "ngram", "hf_prompt_lookup", "peagle_tree", "eagle3_tree", "dflash", "llamacpp_prompt_lookup")
+PEAGLE_ARMS = ("plain", "eagle3", "peagle", "ngram", "peagle_tree", "eagle3_tree", "dflash")  # arms that run peagle.generate
+DRAFTER_ARMS = ("eagle3", "peagle", "ngram", "dflash")  # arms whose drafter ArmRunner must be given
+#: arms on other weights or kernels (llama.cpp runs the quantised GGUF): token identity is not expected
+INEXACT_ARMS = ("llamacpp", "llamacpp_prompt_lookup")
+#: arms that cannot take draft_k="auto"
+NO_AUTO = ("hf_prompt_lookup", "llamacpp_prompt_lookup")
 #: tree arms: the drafter they use; the tree is dynamic, draft_k deep, ArmSpec.tree_nodes nodes (or "auto":
 #: peagle.autotree.TreeSizePolicy picks the budget every cycle)
 TREE_ARMS = {"peagle_tree": "peagle", "eagle3_tree": "eagle3"}
@@ -78,7 +89,20 @@ def count_emitted(ids: list[int], eos_ids: set[int]) -> list[int]:
     return ids
 
 
-def first_divergence(target: peagle.Target, prompt: list[int], plain: list[int], other: list[int]) -> tuple[int, float] | None:
+class Divergence(NamedTuple):
+    index: int  # first generated position where the two sequences differ
+    gap: float  # the target's top-1 minus top-2 logit there
+    top: float  # the top-1 logit (one bf16 ulp of it is the rounding scale: :func:`bf16_ulp`)
+
+
+def bf16_ulp(x: float) -> float:
+    """The spacing of bfloat16 numbers at x (8 significant bits): 0.125 for logits in [16, 32)."""
+    import math
+
+    return 2.0 ** (math.floor(math.log2(max(abs(x), 1e-30))) - 7)
+
+
+def first_divergence(target: peagle.Target, prompt: list[int], plain: list[int], other: list[int]) -> Divergence | None:
     """Where ``other`` leaves ``plain`` and the target's top-2 logit gap there; None if identical.
 
     Speculative decoding is lossless in exact arithmetic. In bf16 the target's own logits depend on
@@ -95,7 +119,7 @@ def first_divergence(target: peagle.Target, prompt: list[int], plain: list[int],
     with torch.no_grad():
         logits = target.model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
     top = logits.topk(2).values
-    return i, float(top[0] - top[1])
+    return Divergence(i, float(top[0] - top[1]), float(top[0]))
 
 
 class ArmRunner:
@@ -103,12 +127,15 @@ class ArmRunner:
 
     Args:
         target: the model every arm uses (HF arms call ``target.model.generate``).
-        drafters: arm name -> drafter, for "eagle3", "peagle", "ngram".
+        drafters: arm name -> drafter, for "eagle3", "peagle", "ngram", "dflash".
+        llamacpp: a :class:`peagle.bench.llamacpp.LlamaCppRunner` for the llama.cpp arms, or why
+            there is none (a string).
     """
 
-    def __init__(self, target: peagle.Target, drafters: dict):
+    def __init__(self, target: peagle.Target, drafters: dict, llamacpp=None):
         self.target = target
         self.drafters = drafters
+        self.llamacpp = llamacpp
         self.eos_ids = set(target.eos_token_ids)
         tok = target.tokenizer
         pad = getattr(tok, "pad_token_id", None) if tok is not None else None
@@ -118,8 +145,13 @@ class ArmRunner:
         """None if the arm runs at this batch size, else why not."""
         if spec.arm == "hf_prompt_lookup" and batch_size > 1:
             return "HF assisted generation (prompt lookup) supports batch size 1 only"
-        if spec.arm in ("eagle3", "peagle", "ngram") and spec.arm not in self.drafters:
+        if spec.arm in DRAFTER_ARMS and spec.arm not in self.drafters:
             return f"no {spec.arm} drafter loaded"
+        if spec.arm in INEXACT_ARMS:
+            if self.llamacpp is None or isinstance(self.llamacpp, str):
+                return self.llamacpp or "llama-cpp-python is not set up"
+            if batch_size > 1:
+                return "the llama.cpp arms run one prompt at a time (batch size 1)"
         if spec.arm in TREE_ARMS and TREE_ARMS[spec.arm] not in self.drafters:
             return f"no {TREE_ARMS[spec.arm]} drafter loaded"
         drafter = self.drafters.get(TREE_ARMS.get(spec.arm, spec.arm))
@@ -132,6 +164,8 @@ class ArmRunner:
                  seed: int, policy: DraftKPolicy | TreeSizePolicy | None = None) -> CallResult:
         if spec.arm in PEAGLE_ARMS:
             return self._peagle(spec, prompts, max_new_tokens, temperature, seed, policy)
+        if spec.arm in INEXACT_ARMS:
+            return self.llamacpp(spec, prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
         return self._hf(spec, prompts, max_new_tokens, temperature, seed)
 
     def _peagle(self, spec, prompts, max_new_tokens, temperature, seed, policy) -> CallResult:
@@ -141,7 +175,8 @@ class ArmRunner:
         start = len(policy.history) if policy is not None else 0
         t0 = time.perf_counter()
         out = peagle.generate(self.target, drafter, prompts, draft_k=draft_k, max_new_tokens=max_new_tokens,
-                              temperature=temperature, seed=seed, tree=policy if sized else spec.tree)
+                              temperature=temperature, seed=seed, tree=policy if sized else spec.tree,
+                              timing=True)  # every row reports the draft / verify split per cycle
         wall = time.perf_counter() - t0
         s = out.stats
         chosen = list(policy.history[start:]) if policy is not None else []

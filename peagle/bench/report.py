@@ -15,7 +15,7 @@ import platform
 from pathlib import Path
 from statistics import median
 
-from .arms import DRAFTING, LABELS
+from .arms import DRAFTING, LABELS, TREE_ARMS
 
 CSV_FIELDS = ["dataset", "temperature", "batch_size", "arm", "label", "draft_k", "tree_nodes", "mean_draft_k", "mean_nodes", "otps",
               "speedup_vs_baseline", "acceptance_length", "identical_to_plain", "first_divergence",
@@ -26,12 +26,14 @@ CSV_FIELDS = ["dataset", "temperature", "batch_size", "arm", "label", "draft_k",
 
 COLORS = {"plain": "tab:gray", "eagle3": "tab:orange", "peagle": "tab:green", "ngram": "tab:red",
           "hf_generate": "tab:purple", "hf_prompt_lookup": "tab:brown", "peagle_tree": "tab:olive",
-          "eagle3_tree": "tab:pink"}
+          "eagle3_tree": "tab:pink", "dflash": "tab:blue", "llamacpp": "tab:cyan", "llamacpp_prompt_lookup": "black"}
 
 
 def machine_info() -> dict:
     import torch
     import transformers
+
+    from peagle.machine import isa_label
 
     flags = ""
     try:
@@ -47,7 +49,7 @@ def machine_info() -> dict:
         pass
     return {"date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"), "cpu": cpu,
             "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "amx_bf16": "amx_bf16" in flags.split(), "torch": torch.__version__,
+            "amx_bf16": "amx_bf16" in flags.split(), "isa": isa_label(flags.split()), "torch": torch.__version__,
             "transformers": transformers.__version__,
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
@@ -183,12 +185,61 @@ def auto_table(rows: list[dict]) -> str:
                    "Within 5%", "Mean K chosen"], body)
 
 
-def human_report(rows: list[dict], notes: list[str], meta: dict) -> str:
+def header(meta: dict) -> list[str]:
+    """The lines every report opens with: model, dtype and threads (with why), machine, heads, command."""
     m = meta["machine"]
-    out = [f"peagle bench: {meta['model']} ({meta['dtype']}), {m['cores']} cores, torch threads {m['torch_threads']}, "
-           f"AMX bf16 {'yes' if m['amx_bf16'] else 'no'}, {m['date']}",
-           f"heads: {'; '.join(f'{k}: {v}' for k, v in meta['heads'].items()) or '-'}",
-           f"command: {meta['command']}", ""]
+    return [f"peagle bench: {meta['model']} ({meta['dtype']}), {m['cores']} cores ({m.get('isa', '?')}), torch threads "
+            f"{m['torch_threads']}, AMX bf16 {'yes' if m['amx_bf16'] else 'no'}, {m['date']}",
+            f"dtype {meta.get('dtype_reason') or meta['dtype']}",
+            f"threads {meta.get('threads_reason') or m['torch_threads']}",
+            f"heads: {'; '.join(f'{k}: {v}' for k, v in meta['heads'].items()) or '-'}",
+            f"command: {meta['command']}"]
+
+
+def _summary_label(r: dict) -> str:
+    label = LABELS[r["arm"]] + (" auto" if r["draft_k"] == "auto" else "")
+    label += " (pooled)" if r.get("auto_rule") == "pooled" else ""
+    return label + (" auto nodes" if r.get("tree_nodes") == "auto" else "")
+
+
+def summary_table(rows: list[dict]) -> str:
+    """One line per arm (the best fixed draft_k / tree size, and auto apart): OTPS, speed-up over
+    plain and the setting per concurrency, then the share of greedy outputs identical to plain."""
+    batches = sorted({r["batch_size"] for r in rows})
+    labels = list(dict.fromkeys(_summary_label(r) for r in rows))
+    body = []
+    for label in labels:
+        cells = []
+        group = [r for r in rows if _summary_label(r) == label]
+        for b in batches:
+            cands = [r for r in group if r["batch_size"] == b]
+            if not cands:
+                cells.append("-")
+                continue
+            best = max(cands, key=lambda r: r["otps"])
+            setting = ""
+            if best["arm"] in DRAFTING and best["draft_k"] != "auto":
+                setting = f", K={best['draft_k']}"
+            if best["arm"] in TREE_ARMS and best.get("tree_nodes") != "auto":
+                setting += f" {best['tree_nodes']} nodes"
+            speed = f"{best['speedup_vs_baseline']:.2f}x" if best.get("speedup_vs_baseline") else "-"
+            cells.append(f"{best['otps']:,.1f} ({speed}{setting})")
+        ident = [r["identical_to_plain"] for r in group if r.get("identical_to_plain") is not None]
+        body.append([label] + cells + [f"{min(ident):.0%}" if ident else "-"])
+    return _table(["Arm"] + [f"concurrency {b}: OTPS (vs plain)" for b in batches] + ["Identical to plain"], body)
+
+
+def summary(rows: list[dict], meta: dict, report_path) -> str:
+    """What `peagle bench` prints: the header and one short table per (dataset, temperature)."""
+    out = header(meta) + [""]
+    for (dataset, temperature), group in _groups(rows):
+        out += [f"{dataset}, temperature {temperature:g}: best setting per arm", summary_table(group), ""]
+    out.append(f"full report (every row, time split per cycle, notes): {report_path}")
+    return "\n".join(out)
+
+
+def human_report(rows: list[dict], notes: list[str], meta: dict) -> str:
+    out = header(meta) + [""]
     for (dataset, temperature), group in _groups(rows):
         title = f"{dataset}, temperature {temperature:g}"
         out += [f"{title}: output tokens/s (OTPS)", seed_table(group), ""]

@@ -21,26 +21,30 @@ def _sync(device: torch.device) -> None:
 
 
 class Clock:
-    """Wall-clock laps. With ``timing`` each lap first waits for the device, so it holds the work
-    queued since the previous lap; without, laps read 0 and nothing waits (no host sync)."""
+    """Wall-clock laps. With ``timing`` a lap waits for the device before it reads the clock, so
+    it holds the work queued since ``start``; without, laps read 0 and nothing waits (no host sync)."""
 
     def __init__(self, device: torch.device, timing: bool):
         self.device, self.timing = device, timing
         _sync(device)
-        self.t0 = self._last = self._mark = time.perf_counter()
+        self.t0 = self._start = self._mark = time.perf_counter()
+
+    def start(self, *, wait: bool = False) -> None:
+        """Start a lap (``wait``: once the device has finished what was queued before)."""
+        if wait and self.timing:
+            _sync(self.device)
+        self._start = time.perf_counter()
 
     def lap(self, *, always: bool = False) -> float:
-        """Seconds since the previous lap (0.0 without timing, unless ``always``)."""
+        """Seconds since ``start`` (0.0 without timing, unless ``always``)."""
         if not (self.timing or always):
             return 0.0
         _sync(self.device)
-        now = time.perf_counter()
-        seconds, self._last = now - self._last, now
-        return seconds
+        return time.perf_counter() - self._start
 
     def mark(self) -> None:
         """Start of a cycle (``since_mark`` reads its wall time; no device wait)."""
-        self._mark = self._last = time.perf_counter()
+        self._mark = time.perf_counter()
 
     def since_mark(self) -> float | None:
         return time.perf_counter() - self._mark if self.timing else None
@@ -103,26 +107,31 @@ CONTRACT = ("draft(step, draft_k) must return peagle.Draft(tokens, probs): token
 
 
 class DraftCall:
-    """Calls the drafter for a plan and checks its output against the contract (shapes, dtypes
-    and device every cycle; the id range once, in the first drafting cycle: it costs a host read)."""
+    """Calls the drafter for a plan, times the call, and checks its output against the contract
+    (shapes, dtypes and device every cycle; the id range once, in the first drafting cycle: it
+    costs a host read)."""
 
     def __init__(self, drafter: Drafter | None, vocab_size: int, device: torch.device):
         self.drafter, self.vocab_size, self.device = drafter, vocab_size, device
         self._range_checked = False
 
-    def __call__(self, step: DraftStep, plan: CyclePlan) -> Draft | DraftTree | None:
+    def __call__(self, step: DraftStep, plan: CyclePlan, clock: Clock) -> tuple[Draft | DraftTree | None, float]:
+        """(the drafts, or None for a plain step; seconds inside the drafter)."""
         if plan.draft_k == 0:
-            return None
+            return None, 0.0
+        clock.start(wait=True)
         if plan.tree is not None:
             out = self.drafter.draft_tree(step, plan.tree.depth(plan.draft_k), plan.tree)
+            seconds = clock.lap()
             self._check(out.tokens if isinstance(out, DraftTree) else None, None, step, None,
                         "draft_tree() must return a peagle.tree.DraftTree with tokens [B, N + 1] on the target's device")
-            return out
+            return out, seconds
         out = self.drafter.draft(step, plan.draft_k)
+        seconds = clock.lap()
         if not isinstance(out, Draft):
             self._fail(f"got {type(out).__name__}", CONTRACT)
         self._check(out.tokens, out.probs, step, plan.draft_k, CONTRACT)
-        return out if out.tokens.dtype == torch.long else Draft(out.tokens.long(), out.probs)
+        return (out if out.tokens.dtype == torch.long else Draft(out.tokens.long(), out.probs)), seconds
 
     def _check(self, tokens, probs, step: DraftStep, draft_k: int | None, contract: str) -> None:
         B, V = step.num_new.shape[0], self.vocab_size

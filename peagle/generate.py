@@ -65,7 +65,7 @@ def generate(
             ``TreeConfig(num_nodes="auto")`` (or a :class:`peagle.autotree.TreeSizePolicy`) picks
             the node budget every cycle from measured acceptance and costs.
         timing: time each cycle's drafting and verification (``stats.draft_time_s`` /
-            ``verify_time_s``); it waits for the device twice a cycle. None: only when the
+            ``verify_time_s``); it waits for the device up to three times a cycle. None: only when the
             planner needs it (the "auto" policies, which then need it); a fixed draft_k then
             runs without waits.
     Returns:
@@ -100,9 +100,9 @@ def generate(
         info = batch.info(outputs)
         plan = planner.choose(info).capped(max(info.remaining.values()) - 1)
         # 2. draft
-        drafted = call_drafter(batch.draft_step(params, generator), plan)
-        draft_s = clock.lap()
+        drafted, draft_s = call_drafter(batch.draft_step(params, generator), plan, clock)
         # 3. verify
+        clock.start()
         result = verify(batch.state, batch.last_token, drafted, plan, params, generator)
         result.rows, result.draft_s, result.verify_s = list(batch.rows), draft_s, clock.lap()
         # 4. accept: the cycle's one read of device results

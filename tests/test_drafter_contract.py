@@ -109,8 +109,10 @@ def test_a_fixed_draft_k_waits_for_the_device_only_outside_the_loop(monkeypatch,
     assert long_cycles > short_cycles and long == short  # no waits inside the loop
     calls.clear()
     out = peagle.generate(target(), drafter, PROMPTS, draft_k=3, max_new_tokens=24, timing=True)
-    assert out.stats.timed and len(calls) == long + 2 * out.stats.cycles  # two laps a cycle
-    assert out.stats.verify_time_s > out.stats.prefill_time_s
+    waits = len(calls) - long  # one a plain step (verification), three a drafting cycle
+    assert out.stats.timed and out.stats.verify_time_s > out.stats.prefill_time_s
+    assert waits == out.stats.cycles if drafter is None else out.stats.cycles < waits <= 3 * out.stats.cycles
+    assert (out.stats.draft_time_s > 0) == (drafter is not None)
 
 
 def test_auto_planners_time_their_cycles_by_default(monkeypatch):

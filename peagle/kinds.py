@@ -31,6 +31,13 @@ and, for ``peagle train NAME`` (``trainable = True``; TrainConfig ``cfg``, packe
     eval_depth(head) -> int                    default draft_k of `peagle train evaluate`
     eval_step(head, packed, feats, draft_k, stats)              no-grad pass keeping every element
 
+with defaults a kind overrides where it differs (DFlash does)::
+
+    prepare_target(cfg, target)                before the features load (e.g. the target layers the head reads)
+    train_vocab(cfg, target) -> ids [N]        target ids the loss runs over (default: the data's draft vocabulary)
+    eval_vocab(head, target) -> ids [N]        target ids the held-out KL runs over (default: the head's draft vocabulary)
+    drafted_to_target(head, ids) -> ids        target ids of the drafted ids eval_step records
+
 A new kind is one subclass and one ``register(MyKind())`` line: at the end of this module, or in
 the kind's own module (then import that module at the end of this one, so that every entry point
 sees it).
@@ -78,6 +85,24 @@ class HeadKind:
 
     def load(self, path: Path, cfg_dict: dict, target=None, dtype: torch.dtype | None = None, device=None):
         raise NotImplementedError
+
+    # -- training hooks with defaults ---------------------------------------------------
+    def prepare_target(self, cfg, target) -> None:
+        """Called before the training features load; the default leaves the target as it is."""
+
+    def train_vocab(self, cfg, target) -> torch.Tensor:
+        """Target ids [N] the training loss runs over: the data's draft vocabulary of cfg.draft_vocab_size."""
+        from .train.vocab import load_draft_vocab
+
+        return load_draft_vocab(cfg.data, cfg.draft_vocab_size)
+
+    def eval_vocab(self, head, target) -> torch.Tensor:
+        """Target ids [N] the held-out KL runs over: the head's draft vocabulary."""
+        return head.draft_to_target(torch.arange(head.config.draft_vocab_size))
+
+    def drafted_to_target(self, head, ids: torch.Tensor) -> torch.Tensor:
+        """Target ids of the drafted ids ``eval_step`` records (draft-vocabulary ids by default)."""
+        return head.draft_to_target(ids)
 
     def __repr__(self) -> str:
         return f"<head kind {self.name!r}: {self.drafter_class.__name__}>"
@@ -313,8 +338,8 @@ class Eagle3Kind(EagleKind):
 class DFlashKind(HeadKind):
     """DFlash heads (peagle.drafters.dflash) in their own engine layout (peagle.dflash_format).
 
-    Training (``peagle train dflash``) attaches here: set ``trainable = True`` and add the
-    training methods of the module docstring.
+    Training (``peagle train dflash``): anchors, blocks and mask in peagle/train/dflash.py, the
+    step and evaluation in peagle/train/dflash_step.py.
     """
 
     name = "dflash"
@@ -347,6 +372,71 @@ class DFlashKind(HeadKind):
         from .dflash_format import load_dflash
 
         return load_dflash(path, target=target, dtype=dtype, device=device)
+
+    # -- training (peagle/train/dflash.py, dflash_step.py) -----------------------------------
+    trainable = True
+
+    def add_train_arguments(self, p, d) -> None:
+        p.add_argument("--block-size", type=int, default=d.block_size, help="block = [anchor token, mask x (B - 1)]")
+        p.add_argument("--anchors-per-seq", type=int, default=d.anchors_per_seq, help="blocks sampled per sequence and step")
+        p.add_argument("--gamma", type=float, default=d.gamma,
+                       help="loss weight exp(-(k-1)/gamma) at block position k (default: 7 for B=16, 4 for B=8)")
+        p.add_argument("--loss-vocab", default=d.loss_vocab, choices=["full", "draft"],
+                       help="KL over the full vocabulary or only the draft vocabulary's rows (--draft-vocab-size; "
+                            "8x cheaper on SmolLM2, the CPU choice)")
+        p.add_argument("--num-features", type=int, default=d.num_features,
+                       help="target states fed to fc, spread over the depth as the public heads (5: SmolLM2 layers 1,8,14,20,27)")
+
+    def train_config(self, cfg, target, **extra):
+        """The DFlashConfig of a training run (TrainConfig ``cfg``)."""
+        overrides = {"intermediate_size": cfg.intermediate_size} if cfg.intermediate_size else {}
+        return self.config_for_target(target, num_layers=cfg.layers, block_size=cfg.block_size,
+                                      num_features=cfg.num_features, **overrides, **extra)
+
+    def prepare_target(self, cfg, target) -> None:
+        # DFlash id i is the input of layer i + 1 (DFlashConfig.aux_layer_ids); the mask id does not matter here
+        target.set_aux_layer_ids(self.train_config(cfg, target, mask_token_id=0).aux_layer_ids)
+
+    def train_vocab(self, cfg, target) -> torch.Tensor:
+        from .train.dflash_step import loss_vocab_ids
+
+        draft = super().train_vocab(cfg, target) if cfg.loss_vocab == "draft" else torch.zeros(0, dtype=torch.long)
+        return loss_vocab_ids(cfg.loss_vocab, target.vocab_size, draft)
+
+    def new_head(self, cfg, target, used_ids: torch.Tensor):
+        from .train.dflash_step import new_head
+
+        return new_head(self, cfg, target, used_ids)
+
+    def count_size(self, cfg) -> int:
+        return 1
+
+    def plan(self, head, packed, cfg, generators):
+        from .train.dflash_step import plan_step
+
+        return plan_step(head, packed, cfg, generators)
+
+    def step(self, head, plan, feats, counts, cfg):
+        from .train.dflash_step import train_step
+
+        return train_step(head, plan, feats, counts, cfg)
+
+    def stat_depths(self, cfg) -> int:
+        return cfg.block_size - 1
+
+    def eval_depth(self, head) -> int:
+        return min(7, int(head.config.max_draft_k))
+
+    def eval_step(self, head, packed, feats, draft_k: int, stats, anchor_stride: int = 1) -> None:
+        from .train.dflash_step import eval_step
+
+        eval_step(head, packed, feats, draft_k, stats, anchor_stride)
+
+    def eval_vocab(self, head, target) -> torch.Tensor:
+        return torch.arange(target.vocab_size)  # DFlash drafts over the target's whole lm_head
+
+    def drafted_to_target(self, head, ids: torch.Tensor) -> torch.Tensor:
+        return ids
 
 
 register(PEagleKind())

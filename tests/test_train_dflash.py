@@ -1,11 +1,27 @@
 """DFlash training: the plan and mask of peagle/train/dflash.py, the step against the drafter's own math."""
+import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
+import peagle
+from peagle.checkpoint import from_pretrained
+from peagle.drafters.base import DraftStep
+from peagle.drafters.dflash import DFlashConfig, DFlashDrafter
+from peagle.sampling import SamplingParams
+from peagle.train.cli import main as train_main
 from peagle.train.dflash import block_attention, block_mask, default_gamma, plan_dflash, sample_anchors
+from peagle.train.dflash_step import Readout, dflash_forward, dflash_step
+from peagle.train.forward import Features
 from peagle.train.plan import pack
+from peagle.train.tiny import make_tiny_data, save_tiny_target, tiny_target
 
 
 def test_worked_example_mask_and_weights():
@@ -68,12 +84,6 @@ def test_chunked_block_attention_equals_one_dense_pass():
 
 
 # -- the step against the drafter --------------------------------------------------------------
-from peagle.drafters.base import DraftStep  # noqa: E402
-from peagle.drafters.dflash import DFlashConfig, DFlashDrafter  # noqa: E402
-from peagle.sampling import SamplingParams  # noqa: E402
-from peagle.train.dflash_step import Readout, dflash_forward, dflash_step  # noqa: E402
-from peagle.train.forward import Features  # noqa: E402
-from peagle.train.tiny import tiny_target  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +159,119 @@ def test_loss_is_the_weighted_kl_and_its_gradient_flows(target):
     assert stats.objective == pytest.approx(expect, rel=1e-5)
     assert sum(stats.count) == int(plan.supervised().sum())
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in head.parameters())
+
+
+# -- the whole loop on a tiny target ------------------------------------------------------------
+VOCAB_N = 128
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("dflash_train")
+    target = save_tiny_target(root / "target")
+    make_tiny_data(target, root / "data", num_prompts=24, prompt_len=10, new_tokens=30, shard_size=8)
+    base = ["--data", str(root / "data"), "--target", str(root / "target")]
+    # DFlash reads the inputs of layers 1 and 3 of the 4-layer target: cache every layer.
+    assert train_main(["vocab", *base, "--size", str(VOCAB_N)]) == 0
+    assert train_main(["features", *base, "--aux-layers", "0,1,2,3"]) == 0
+    return root, target
+
+
+def _args(root, out, *extra):
+    return ["dflash", "--data", str(root / "data"), "--out", str(out), "--target", str(root / "target"),
+            "--target-dtype", "float32", "--batch-size", "4", "--layers", "1", "--num-features", "2",
+            "--block-size", "4", "--anchors-per-seq", "6", "--lr", "3e-3", "--warmup-steps", "2",
+            "--log-every", "1", "--threads", "1", *extra]
+
+
+def _log(out):
+    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("loss_vocab", ["full", "draft"])
+def test_cli_trains_a_head_that_drafts_losslessly(workdir, loss_vocab):
+    root, target = workdir
+    out = root / f"run_{loss_vocab}"
+    assert train_main(_args(root, out, "--max-steps", "15", "--loss-vocab", loss_vocab,
+                            "--draft-vocab-size", str(VOCAB_N))) == 0
+    log = _log(out)
+    assert len(log) == 15 and len(log[0]["kl_by_depth"]) == 3
+    assert sum(r["loss"] for r in log[-3:]) < sum(r["loss"] for r in log[:3])
+    head = from_pretrained(out / "final", target=target)
+    assert isinstance(head, DFlashDrafter) and head.config.target_layer_ids == (0, 2)
+    prompt = [list(map(int, torch.randint(3, 250, (10,), generator=torch.Generator().manual_seed(5))))]
+    plain = peagle.generate(target, None, prompt, max_new_tokens=16)
+    spec = peagle.generate(target, head, prompt, draft_k=3, max_new_tokens=16)
+    assert spec.sequences == plain.sequences
+    # Held-out evaluation reads the same head: greedy acceptance from the teacher-forced blocks.
+    res = train_main(["evaluate", "--head", str(out / "final"), "--data", str(root / "data"), "--target",
+                      str(root / "target"), "--target-dtype", "float32", "--shards", "2", "--draft-k", "3",
+                      "--anchor-stride", "2", "--out", str(out / "eval.json")])
+    assert res == 0
+    ev = json.loads((out / "eval.json").read_text())[0]
+    assert ev["kind"] == "dflash" and ev["anchors"] > 0 and 1.0 <= ev["acceptance_length"] <= 4.0
+
+
+def test_evaluation_acceptance_matches_decoding_drafts(workdir):
+    """The evaluated agreement at depth 1 equals what DFlashDrafter drafts on the same contexts."""
+    from peagle.train.evaluate import evaluate_head
+
+    root, target = workdir
+    out = root / "run_full"  # the head of test_cli_trains_a_head_that_drafts_losslessly (trained here if absent)
+    assert train_main(_args(root, out, "--max-steps", "15", "--loss-vocab", "full", "--draft-vocab-size", str(VOCAB_N))) == 0
+    head = from_pretrained(out / "final", target=target)
+    res = evaluate_head(head, target, root / "data", shards="2", draft_k=3, max_sequences=2, show_progress=False)
+    from peagle.train.trainer import TrainSet
+
+    data = TrainSet(root / "data", 1024, target, torch.arange(target.vocab_size), "cache", "2")
+    hits = total = 0
+    head.bind(target)
+    for i in range(2):
+        _, _, ids, P = data.rows[i]
+        aux, _ = data.cache.get(data.rows[i][0], data.rows[i][1], len(ids))
+        seq = torch.tensor(ids)
+        for a in range(P - 1, len(ids) - 1):
+            if a < 1:
+                continue
+            head.reset(1)
+            step = DraftStep(tokens=seq[1:a + 1][None], hidden=aux[:a].float()[None], positions=torch.arange(a)[None],
+                             num_new=torch.tensor([a]), history=seq[None], history_lens=torch.tensor([len(ids)]),
+                             sampling=SamplingParams(0.0, 0, 1.0))
+            hits += int(head.draft(step, 1).tokens[0, 0] == seq[a + 1])
+            total += 1
+    assert hits > 0  # a trained head: the comparison is not 0 == 0
+    assert res.agreement_by_depth[0] == pytest.approx(hits / total, abs=1e-9)
+
+
+def _cli(*args):
+    return [sys.executable, "-m", "peagle.train", *args]
+
+
+# `peagle train` whose steps each take 0.5 s longer (trainer.global_batch patched), so a kill lands mid-run.
+_SLOW_CLI = ("import sys, time; import peagle.train.trainer as t; batch = t.global_batch; "
+             "t.global_batch = lambda *a: (time.sleep(0.5), batch(*a))[1]; "
+             "from peagle.train.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+def test_kill_9_then_resume_ends_with_identical_weights(workdir):
+    root, _ = workdir
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    common = ["--max-steps", "8", "--checkpoint-every", "2"]
+    full, killed = root / "full", root / "killed"
+    subprocess.run(_cli(*_args(root, full, *common)), check=True, env=env, capture_output=True)
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_CLI, *_args(root, killed, *common)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (killed / "checkpoints" / "step_0000004" / "trainer_state.json").exists():
+        assert time.time() < deadline and proc.poll() is None, "no checkpoint appeared"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "final").exists()
+    subprocess.run(_cli(*_args(root, killed, *common)), check=True, env=env, capture_output=True)
+    a, b = load_file(str(full / "final" / "model.safetensors")), load_file(str(killed / "final" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert _log(killed)[-1]["loss"] == _log(full)[-1]["loss"]

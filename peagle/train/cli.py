@@ -176,6 +176,9 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-dtype", default="bfloat16", choices=DTYPE_NAMES)
     p.add_argument("--max-len", type=int, default=1024)
     p.add_argument("--max-sequences", type=int, default=None)
+    p.add_argument("--anchor-stride", type=int, default=1,
+                   help="DFlash heads: evaluate the blocks at every s-th anchor of each answer (1 = all; full-vocabulary "
+                        "logits at every position are costly on a CPU)")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", default=None, help="write the results as JSON here")
 

@@ -170,8 +170,8 @@ def block_attention(plan: DFlashPlan, q: torch.Tensor, k_blk: torch.Tensor, v_bl
 
     q [N*B, Hq, D], k_blk/v_blk [N*B, Hkv, D] (block-major: block j's rows j*B..j*B+B-1);
     k_ctx/v_ctx [T_total, Hkv, D] (context keys/values of every stream row) -> [N*B, Hq, D].
-    budget: largest number of attention scores (queries x keys x heads) one chunk may hold; with
-    several chunks and gradients on, each chunk is recomputed in backward.
+    budget: largest number of attention scores (queries x keys x heads) one chunk may hold; when
+    all chunks together hold more and gradients are on, each chunk is recomputed in backward.
     """
     B, Hq = plan.block_size, q.shape[1]
     pieces: list[tuple[int, int, int, int]] = []  # (first block, end block, context start row, context length)
@@ -189,7 +189,9 @@ def block_attention(plan: DFlashPlan, q: torch.Tensor, k_blk: torch.Tensor, v_bl
             j += n
     if not pieces:
         return q.new_zeros(q.shape)
-    use_ckpt = len(pieces) > 1 and torch.is_grad_enabled()
+    # Recompute in backward only when keeping every chunk's scores would exceed the budget.
+    scores = sum((j1 - j0) * B * Hq * (c + (j1 - j0) * B) for j0, j1, _, c in pieces)
+    use_ckpt = len(pieces) > 1 and scores > budget and torch.is_grad_enabled()
     outs = []
     for j0, j1, row0, ctx_len in pieces:
         r = slice(j0 * B, j1 * B)

@@ -138,3 +138,53 @@ def dflash_step(head, plan: DFlashPlan, feats: Features, readout: Readout, embed
     if backward and loss.requires_grad:
         loss.backward()
     return stats
+
+
+# -- the DFlash kind's training and evaluation (peagle.kinds.DFlashKind delegates here) ----------
+def gamma_of(cfg) -> float:
+    from .dflash import default_gamma
+
+    return float(cfg.gamma) if cfg.gamma is not None else default_gamma(cfg.block_size)
+
+
+def new_head(kind, cfg, target, used_ids: torch.Tensor):
+    """The fresh fp32 DFlash head of a run; the target's embedding and loss-vocabulary lm_head rows
+    are attached for the training step (borrowed, never saved)."""
+    config = kind.train_config(cfg, target)
+    torch.manual_seed(cfg.seed)
+    head = kind.build(config).float()
+    object.__setattr__(head, "_train_readout", Readout.from_target(target, used_ids.long()))
+    object.__setattr__(head, "_train_embed", target.input_embeddings().weight.detach())
+    return head
+
+
+def plan_step(head, packed, cfg, generators) -> tuple[DFlashPlan, torch.Tensor]:
+    """One micro-batch's blocks and its loss-weight sum [1] (summed over the global batch by the trainer)."""
+    from .dflash import plan_dflash
+
+    plan = plan_dflash(packed, head.config.block_size, cfg.anchors_per_seq, generators)
+    return plan, torch.tensor([plan.weight_sum(gamma_of(cfg))])
+
+
+def train_step(head, plan: DFlashPlan, feats: Features, counts: torch.Tensor, cfg) -> StepStats:
+    return dflash_step(head, plan, feats, head._train_readout, head._train_embed,
+                       float(counts.clamp_min(1e-12).item()), gamma_of(cfg))
+
+
+def eval_step(head, packed, feats: Features, draft_k: int, stats: StepStats, anchor_stride: int = 1) -> None:
+    """No-grad pass over blocks at every ``anchor_stride``-th anchor of each answer (all: 1).
+
+    The head must be bound to the target (its embedding and full lm_head). Drafts are the argmax
+    over the full vocabulary, as ``DFlashDrafter`` drafts; KL runs over the rows of ``feats``.
+    """
+    if anchor_stride < 1:
+        raise ValueError(f"anchor_stride must be >= 1, got {anchor_stride}")
+    from .dflash import anchor_range
+
+    anchors = [torch.arange(*anchor_range(T, P))[::anchor_stride] for T, P in zip(packed.lengths, packed.prompt_lens)]
+    doc = torch.cat([torch.full((a.numel(),), i, dtype=torch.long) for i, a in enumerate(anchors)])
+    plan = DFlashPlan(packed, head.config.block_size, doc, torch.cat(anchors).long())
+    lm_head = head._lm_head
+    bias = getattr(lm_head, "bias", None)
+    readout = Readout(lm_head.weight.detach().float(), None if bias is None else bias.detach().float())
+    dflash_step(head, plan, feats, readout, head._embed.weight, 1.0, 1.0, backward=False, stats=stats)

@@ -33,7 +33,7 @@ class HeldOutResult:
     draft_k: int
     sequences: int
     answer_tokens: int
-    kl_by_depth: list[float]  # KL(target || draft) over the draft vocabulary
+    kl_by_depth: list[float]  # KL(target || draft) over the draft vocabulary (DFlash: the full vocabulary)
     agreement_by_depth: list[float]  # P(draft argmax == the answer's token), unconditional
     acceptance_by_position: list[float]  # P(positions 1..j all accepted), anchors with draft_k depths
     acceptance_length: float  # 1 + sum(acceptance_by_position): tokens per target pass
@@ -49,12 +49,15 @@ class HeldOutResult:
 
 def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None, draft_k: int | None = None,
                   max_len: int = 1024, micro_batch_tokens: int = 4096, max_sequences: int | None = None,
-                  show_progress: bool = True, head_name: str = "") -> HeldOutResult:
+                  show_progress: bool = True, head_name: str = "", eval_options: dict | None = None) -> HeldOutResult:
     """Evaluate ``head`` (a trained head of a trainable kind) on the cached features of ``data_dir``.
 
     draft_k: depths evaluated (default: the kind's, P-EAGLE's trained depth, 7 for EAGLE-3); must be
     in [1, max_draft_k]. Every chain is kept at every depth (no COD sampling).
+    eval_options: keyword options of the kind's ``eval_step`` (DFlash: ``anchor_stride``).
     """
+    import inspect
+
     from tqdm.auto import tqdm
 
     try:
@@ -70,7 +73,11 @@ def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None,
     K = int(draft_k) if draft_k is not None else kind.eval_depth(head)
     if not 1 <= K <= K_max:
         raise ValueError(f"draft_k must be in [1, {K_max}] (the head's max_draft_k), got {draft_k}")
-    used_ids = head.draft_to_target(torch.arange(head.config.draft_vocab_size))
+    eval_options = dict(eval_options or {})
+    unknown = set(eval_options) - set(inspect.signature(kind.eval_step).parameters)
+    if unknown:
+        raise ValueError(f"eval_options {sorted(unknown)} do not apply to {kind.name} heads")
+    used_ids = kind.eval_vocab(head, target)
     data = TrainSet(data_dir, max_len, target, used_ids, "cache", shards)
     order = list(range(len(data)))[: max_sequences or None]
     lengths = [len(r[2]) for r in data.rows]
@@ -85,10 +92,10 @@ def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None,
         for mb in micro_batches(order, lengths, micro_batch_tokens):
             packed, feats = data.batch(mb, "cpu")
             stats.elements.clear()
-            kind.eval_step(head, packed, feats, K, stats)
+            kind.eval_step(head, packed, feats, K, stats, **eval_options)
             anchor, depth, label, drafted = (torch.cat(t) for t in zip(*stats.elements))
             # The element predicts the token at row label + 1; the answer there is the target's greedy choice.
-            ok = head.draft_to_target(drafted) == packed.input_ids[label + 1]
+            ok = kind.drafted_to_target(head, drafted) == packed.input_ids[label + 1]
             keep = depth < K
             agree_sum.index_add_(0, depth[keep], ok[keep].float())
             # Acceptance: anchors with all K depths, longest all-correct prefix.
@@ -118,8 +125,8 @@ def run_cli(args) -> int:
         parse_shards(args.shards)
     except ValueError as err:
         raise SystemExit(f"--shards: {err}")
-    for name in ("draft_k", "max_sequences", "max_len"):
-        value = getattr(args, name)
+    for name in ("draft_k", "max_sequences", "max_len", "anchor_stride"):
+        value = getattr(args, name, None)
         if value is not None and value < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.threads:
@@ -128,8 +135,9 @@ def run_cli(args) -> int:
     results = []
     for path in args.head:
         head = from_pretrained(path, target=target)
+        options = {"anchor_stride": args.anchor_stride} if getattr(args, "anchor_stride", 1) != 1 else {}
         res = evaluate_head(head, target, args.data, args.shards, args.draft_k, args.max_len,
-                            max_sequences=args.max_sequences, head_name=str(path))
+                            max_sequences=args.max_sequences, head_name=str(path), eval_options=options)
         print(f"\n{path} ({res.kind}, {res.sequences} sequences, {res.answer_tokens} answer tokens)\n{res.table()}")
         results.append(asdict(res))
     if args.out:

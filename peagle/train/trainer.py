@@ -46,6 +46,11 @@ class TrainConfig:
     intermediate_size: int | None = None  # MLP width (default: the target's)
     max_depth: int = 8  # P-EAGLE: trained draft depth K (max_draft_k of the head)
     ttt_steps: int = 7  # EAGLE-3: unrolled steps of training-time test
+    block_size: int = 16  # DFlash: block = [anchor token, mask x (block_size - 1)]
+    anchors_per_seq: int = 16  # DFlash: blocks sampled per sequence and step
+    gamma: float | None = None  # DFlash: loss weight exp(-(k-1)/gamma) at block position k (None: 7 for B=16, 4 for B=8)
+    loss_vocab: str = "full"  # DFlash: KL over the "full" vocabulary or the "draft" vocabulary's rows only
+    num_features: int = 5  # DFlash: target states fed to fc, spread over the depth as the public heads
     draft_vocab_size: int = 8192  # N
     cod_ratio: float = 0.8  # COD: depth d keeps n * max(r^d, r_min)
     cod_min_ratio: float = 0.2
@@ -92,8 +97,14 @@ class TrainConfig:
             parse_shards(self.shards)  # raises on a malformed spec before any work starts
         if self.mixed_precision not in ("no", "bf16"):
             raise ValueError(f"mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}")
-        for name in ("max_depth", "ttt_steps", "draft_vocab_size", "segments", "max_len", "batch_size",
-                     "micro_batch_tokens", "checkpoint_every", "keep_checkpoints", "log_every"):
+        if self.loss_vocab not in ("full", "draft"):
+            raise ValueError(f"loss_vocab must be 'full' or 'draft', got {self.loss_vocab!r}")
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2 (one anchor + at least one drafted token), got {self.block_size}")
+        if self.gamma is not None and not self.gamma > 0:
+            raise ValueError(f"gamma must be > 0 (or None for the block size's default), got {self.gamma}")
+        for name in ("max_depth", "ttt_steps", "anchors_per_seq", "num_features", "draft_vocab_size", "segments",
+                     "max_len", "batch_size", "micro_batch_tokens", "checkpoint_every", "keep_checkpoints", "log_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -384,7 +395,6 @@ def train(cfg: TrainConfig, target=None) -> Path:
     from accelerate import Accelerator
 
     from .data import load_target_by_name
-    from .vocab import load_draft_vocab
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -397,12 +407,13 @@ def train(cfg: TrainConfig, target=None) -> Path:
     if target is None:
         target = load_target_by_name(cfg.target, cfg.target_dtype)
         target.to_device(device)
-    used_ids = load_draft_vocab(cfg.data, cfg.draft_vocab_size)
+    kind = kinds.get(cfg.kind)
+    kind.prepare_target(cfg, target)  # e.g. the target layers the head reads, before the features load
+    used_ids = kind.train_vocab(cfg, target)
     data = TrainSet(cfg.data, cfg.max_len, target, used_ids, cfg.features, cfg.shards)
     lengths = [len(r[2]) for r in data.rows]
     steps_per_epoch = math.ceil(len(data) / cfg.batch_size)
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    kind = kinds.get(cfg.kind)
     head = build_head(cfg, target, used_ids)
     if cfg.init_from:
         load_weights_from(head, cfg.init_from, target)

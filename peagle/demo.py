@@ -43,7 +43,7 @@ ARMS: dict[str, DemoArm] = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=48, help="tokens per prompt (default 48)")
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=40, help="tokens per prompt (default 40)")
     p.add_argument("--per-dataset", dest="per_dataset", type=int, default=2, help="prompts from HumanEval and from MT-Bench (default 2 each)")
     p.add_argument("--draft-k", dest="draft_k", help="one fixed draft_k for every drafting arm instead of its best one (>= 1)")
     p.add_argument("--model", default="embedded", help="embedded (default) or tiny (a random model, for tests)")

@@ -204,11 +204,11 @@ def _store(config, threads: int, choice: DtypeChoice) -> None:
 
 def measure_costs(target, rounds: int = 5) -> dict:
     """{"float32": {n: ms}, "bfloat16": {n: ms}}: a float32 target's forward over n new tokens at a
-    100-token context, and the same for a bfloat16 copy (the target is left untouched)."""
-    from .bench.forward_cost import measure
+    100-token context and the same for a bfloat16 copy, timed in the same shuffled rounds (the
+    target is left untouched)."""
+    from .bench.forward_cost import measure_interleaved
     from .target import Target
 
-    out = {"float32": {n: r["ms"] for n, r in measure(target, list(MEASURE_TOKENS), 1, MEASURE_CONTEXT, rounds).items()}}
     ids = target.aux_layer_ids
     target.remove_hooks()  # a deep copy would carry hooks that point at this target
     try:
@@ -216,9 +216,12 @@ def measure_costs(target, rounds: int = 5) -> dict:
     finally:
         target.set_aux_layer_ids(ids)
     twin_target = Target(twin, target.tokenizer, aux_layer_ids=ids)
-    out["bfloat16"] = {n: r["ms"] for n, r in measure(twin_target, list(MEASURE_TOKENS), 1, MEASURE_CONTEXT, rounds).items()}
-    twin_target.remove_hooks()
-    return out
+    try:
+        got = measure_interleaved({"float32": target, "bfloat16": twin_target}, list(MEASURE_TOKENS), 1,
+                                  MEASURE_CONTEXT, rounds)
+    finally:
+        twin_target.remove_hooks()
+    return {name: {n: r["ms"] for n, r in by_n.items()} for name, by_n in got.items()}
 
 
 def auto_dtype_cpu(target, use_cache: bool = True) -> DtypeChoice:

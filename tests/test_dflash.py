@@ -177,3 +177,67 @@ class DFlashOracle(DFlashDrafter):
             wanted.append([(seq[min(n + j, len(seq) - 1)] + self.hostile) % real.shape[-1] for j in range(draft_k)])
         onehot = torch.zeros_like(real).scatter_(-1, torch.tensor(wanted)[..., None], 50.0)
         return real * 0 + onehot
+
+
+def exact_next(model, prefixes: list[list[int]], params: peagle.SamplingParams) -> torch.Tensor:
+    """p(next token | prefix) under params for each prefix, [len(prefixes), V]."""
+    from peagle.sampling import target_probs
+
+    with torch.no_grad():
+        return target_probs(model(torch.tensor(prefixes)).logits[:, -1], params)
+
+
+def sampled_tv(rows: int, chunks: int, seed: int = 0, top_k: int = 20) -> dict:
+    """Generate 3 tokens with a random DFlash head (draft_k 2: both drafts from one block) and
+    compare the 2nd token's distribution, and the 3rd's given the most likely 1st, with the exact ones."""
+    from test_sampling_e2e import PROMPT
+
+    model = tiny_model("llama")
+    target = peagle.Target(model)
+    params = peagle.SamplingParams(temperature=0.8, top_k=top_k)  # top-k: a support small enough for a tight TV
+    p1 = exact_next(model, [PROMPT], params)[0]
+    V = p1.numel()
+    p2_all = exact_next(model, [PROMPT + [t] for t in range(V)], params)  # [V, V]
+    mode = int(p1.argmax())
+    exact2 = p1 @ p2_all
+    exact3 = p2_all[mode] @ exact_next(model, [PROMPT + [mode, t] for t in range(V)], params)
+    drafter = DFlashDrafter(DFlashConfig.for_target(target, num_layers=1, block_size=4))
+    c2, c3, accepted = torch.zeros(V), torch.zeros(V), 0
+    for s in range(chunks):
+        out = peagle.generate(target, drafter, [PROMPT] * rows, draft_k=2, max_new_tokens=3, temperature=0.8,
+                              top_k=top_k, seed=seed + s)
+        seqs = torch.tensor(out.sequences)
+        c2 += torch.bincount(seqs[:, 1], minlength=V)
+        c3 += torch.bincount(seqs[seqs[:, 0] == mode, 2], minlength=V)
+        accepted += out.stats.accepted_tokens
+    g = torch.Generator().manual_seed(seed)
+
+    def tv(counts, exact):
+        n = int(counts.sum())
+        null = [0.5 * (torch.bincount(torch.multinomial(exact, n, True, generator=g), minlength=V).float() / n - exact).abs().sum().item()
+                for _ in range(10)]
+        return 0.5 * (counts / n - exact).abs().sum().item(), max(null)
+
+    return dict(second=tv(c2, exact2), third=tv(c3, exact3), accepted=accepted)
+
+
+def test_sampled_output_follows_the_target():
+    """Rejection sampling with DFlash's q is exact: emitted tokens follow p (null-calibrated TV)."""
+    r = sampled_tv(rows=10_000, chunks=2, seed=5)
+    assert r["accepted"] > 400  # both outcomes occur: accepted drafts and recovered tokens
+    for depth in ("second", "third"):
+        got, null = r[depth]
+        assert got < 1.5 * null, (depth, got, null)
+
+
+@pytest.mark.slow
+def test_sampled_output_follows_the_target_at_200k_draws():
+    # top_k 8: the 2nd token's support (<= 64 ids) is small enough that 200k exact draws land
+    # within TV 0.0073 of it (with top_k 20 the null itself is 0.0101), while a random head's
+    # drafts are still accepted now and then.
+    r = sampled_tv(rows=20_000, chunks=10, seed=11, top_k=8)
+    assert r["accepted"] > 1000
+    got, null = r["second"]
+    assert got < 0.01 and got < 1.5 * null, (got, null)
+    got, null = r["third"]
+    assert got < 1.5 * null, (got, null)

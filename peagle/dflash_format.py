@@ -5,14 +5,19 @@
                   intermediate_size, num_hidden_layers, rms_norm_eps, rope_theta,
                   max_position_embeddings, vocab_size, hidden_act "silu", attention_bias false,
                   layer_types all "full_attention"), block_size, num_target_layers,
-                  target_hidden_size, dflash_config {target_layer_ids, mask_token_id}
+                  target_hidden_size, dflash_config {target_layer_ids, mask_token_id},
+                  eagle_aux_hidden_state_layer_ids (= target_layer_ids + 1)
     tensors       fc.weight [H, n * H_target]; hidden_norm.weight [H]; norm.weight [H];
                   layers.{i}.{input_layernorm, post_attention_layernorm}.weight [H];
                   layers.{i}.self_attn.{q,k,v,o}_proj.weight; layers.{i}.self_attn.{q,k}_norm.weight [D];
                   layers.{i}.mlp.{gate,up,down}_proj.weight
     no embedding and no lm_head: the drafter borrows the target's.
 
-``target_layer_ids`` are DFlash's (state after layer i; see peagle.drafters.dflash_layers). Heads
+``target_layer_ids`` are DFlash's (state after layer i; see peagle.drafters.dflash_layers).
+``eagle_aux_hidden_state_layer_ids`` names the same states as the layers whose input they are:
+vLLM versions that read only that key for the captured layers (else falling back to three default
+layers) then capture the right ones, and newer ones, which derive it from ``target_layer_ids`` + 1
+when it is absent, read the same list. Heads
 using variants this drafter does not implement (sliding-window or causal layers, attention bias,
 grouped convolutions, a candidate selector, logit scaling, their own mask embedding) are refused.
 """
@@ -77,6 +82,7 @@ def config_to_dict(c: DFlashConfig, dtype: torch.dtype) -> dict:
         "num_target_layers": c.num_target_layers,
         "target_hidden_size": c.target_hidden_size,
         "dflash_config": {"target_layer_ids": list(c.target_layer_ids), "mask_token_id": c.mask_token_id},
+        "eagle_aux_hidden_state_layer_ids": list(c.aux_layer_ids),
         "torch_dtype": dtype_name(dtype),
     }
     return {**c.extra, **d}
@@ -94,7 +100,7 @@ _KNOWN = {"architectures", "model_type", "hidden_size", "num_attention_heads", "
           "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings", "vocab_size", "tie_word_embeddings",
           "layer_types", "block_size", "num_target_layers", "target_hidden_size", "dflash_config", "torch_dtype",
           "dtype", "use_sliding_window", "is_causal", "sliding_window", "max_window_layers", "target_layer_ids",
-          "mask_token_id", "transformers_version"}
+          "mask_token_id", "transformers_version", "eagle_aux_hidden_state_layer_ids"}
 
 
 def _is_plain(value, plain) -> bool:
@@ -123,6 +129,10 @@ def config_from_dict(d: dict) -> DFlashConfig:
     mask = flash.get("mask_token_id", d.get("mask_token_id"))
     if ids is None or mask is None:
         raise DFlashCheckpointError("config.json needs dflash_config.target_layer_ids and dflash_config.mask_token_id")
+    aux = d.get("eagle_aux_hidden_state_layer_ids")
+    if aux is not None and [int(i) for i in aux] != [int(i) + 1 for i in ids]:
+        raise DFlashCheckpointError(f"config.json eagle_aux_hidden_state_layer_ids={aux} must be dflash_config.target_layer_ids + 1 "
+                                    f"(the inputs of the layers after {list(ids)}): engines would capture other states")
     block = flash.get("block_size", d.get("block_size", 16))
     theta = d.get("rope_theta", rope_params.get("rope_theta", 1_000_000.0))
     try:

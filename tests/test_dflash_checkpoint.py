@@ -54,6 +54,7 @@ def test_layout_is_the_engines(tmp_path):
     assert cfg["model_type"] == "qwen3"
     assert cfg["block_size"] == 8 and cfg["num_target_layers"] == 4 and cfg["target_hidden_size"] == H
     assert cfg["dflash_config"] == {"target_layer_ids": [0, 2], "mask_token_id": head.config.mask_token_id}
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 3]  # the same states, as layer inputs (vLLM)
     assert cfg["layer_types"] == ["full_attention"] * 2 and cfg["attention_bias"] is False
     for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
                 "num_hidden_layers", "rms_norm_eps", "rope_theta", "max_position_embeddings", "vocab_size"):
@@ -74,7 +75,7 @@ def test_round_trip_drafts_identically(tmp_path):
 
 
 def test_foreign_spellings_load(tmp_path):
-    """Another tool's export: a `model.` prefix, dtype fields, extra config keys, ids only at top level."""
+    """Another tool's export: a `model.` prefix, bf16, extra config keys, none of the optional ones."""
     target, head = tiny_head()
     save_dflash(head, tmp_path)
     from safetensors.torch import load_file, save_file
@@ -84,6 +85,8 @@ def test_foreign_spellings_load(tmp_path):
     save_file({"model." + k: v.to(torch.bfloat16) for k, v in tensors.items()}, str(tmp_path / "model-00001-of-00001.safetensors"))
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg.update(dtype="bfloat16", auto_map={"AutoModel": "dflash.DFlashDraftModel"}, use_cache=True)
+    for optional in ("eagle_aux_hidden_state_layer_ids", "target_hidden_size", "layer_types", "torch_dtype"):
+        del cfg[optional]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     loaded = load_dflash(tmp_path, dtype=torch.float32)
     assert loaded.config == head.config
@@ -117,6 +120,7 @@ def test_incomplete_heads_are_refused(tmp_path):
     (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope"),
     (dict(dflash_config={"target_layer_ids": [0, 2]}), "mask_token_id"),
     (dict(architectures=["LlamaForCausalLMEagle3"]), "architectures"),
+    (dict(eagle_aux_hidden_state_layer_ids=[0, 2]), "eagle_aux_hidden_state_layer_ids"),
 ])
 def test_unsupported_variants_are_refused(tmp_path, change, match):
     _, head = tiny_head()

@@ -161,16 +161,16 @@ def _describe(x) -> str:
     return type(x).__name__
 
 
-def verify(state, last_token: torch.Tensor, drafted: Draft | DraftTree | None, plan: CyclePlan,
+def verify(state, last_token: torch.Tensor, draft: Draft | DraftTree | None, plan: CyclePlan,
            params: SamplingParams, generator: torch.Generator) -> CycleResult:
     """One target pass over [last token, drafts] (a chain) or over the draft tree; the verifier
     accepts a prefix (a path). The target's cache still holds every slot: ``Batch.advance`` rolls
     it back. last_token [B]; returns the CycleResult (rows, seconds filled in by the caller)."""
-    if isinstance(drafted, DraftTree):
-        return _verify_tree(state, last_token, drafted, plan, params, generator)
-    drafts = drafted.tokens if drafted is not None else last_token.new_zeros(len(last_token), 0)
+    if isinstance(draft, DraftTree):
+        return _verify_tree(state, last_token, draft, plan, params, generator)
+    drafts = draft.tokens if draft is not None else last_token.new_zeros(len(last_token), 0)
     step = state.extend(torch.cat([last_token[:, None], drafts], dim=1))
-    r = _verify_chain(drafts, step.logits, drafted.probs if drafted is not None else None, params, generator)
+    r = _verify_chain(drafts, step.logits, draft.probs if draft is not None else None, params, generator)
     return CycleResult(plan, None, r.num_accepted, output_tokens=r.output_tokens, aux=step.aux,
                        positions=step.positions)
 

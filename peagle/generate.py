@@ -100,10 +100,10 @@ def generate(
         info = batch.info(outputs)
         plan = planner.choose(info).capped(max(info.remaining.values()) - 1)
         # 2. draft
-        drafted, draft_s = call_drafter(batch.draft_step(params, generator), plan, clock)
+        draft, draft_s = call_drafter(batch.draft_step(params, generator), plan, clock)
         # 3. verify
         clock.start()
-        result = verify(batch.state, batch.last_token, drafted, plan, params, generator)
+        result = verify(batch.state, batch.last_token, draft, plan, params, generator)
         result.rows, result.draft_s, result.verify_s = list(batch.rows), draft_s, clock.lap()
         # 4. accept: the cycle's one read of device results
         counts, tokens = result.to_host()

@@ -23,14 +23,14 @@ import torch.nn.functional as F
 
 from ..sampling import SamplingParams, process_logits, sample_from_weights
 from ..tree import DraftTree, TreeConfig, build_tree
-from .base import Draft, DraftStep
+from .base import Draft, DrafterBase, DraftStep
 from .dflash_layers import DFlashConfig, DFlashLayer, DFlashModel, spaced_layer_ids
 from .layers import KVCache
 
 __all__ = ["DFlashConfig", "DFlashDrafter", "DFlashLayer", "DFlashModel", "spaced_layer_ids"]
 
 
-class DFlashDrafter(DFlashModel):
+class DFlashDrafter(DFlashModel, DrafterBase):
     """A DFlash head bound to a target: borrows its embedding and lm_head, keeps a context cache.
 
     Its ``state_dict()`` is the checkpoint layout serving engines load (peagle.dflash_format).

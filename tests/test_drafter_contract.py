@@ -123,3 +123,32 @@ def test_auto_planners_time_their_cycles_by_default(monkeypatch):
         peagle.generate(target(), peagle.NgramDrafter(), PROMPTS, draft_k="auto", max_new_tokens=16, timing=False)
     with pytest.raises(ValueError, match="timing"):
         peagle.generate(target(), None, PROMPTS, max_new_tokens=4, timing="yes")
+
+
+class FlatTree(Constant):
+    """Claims tree drafting but returns what ``make`` builds from a one-node tree."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make_tree = make
+
+    def draft_tree(self, step, depth, config):
+        from peagle.tree import tree_from_nodes
+
+        root = step.history.gather(1, (step.history_lens - 1)[:, None]).squeeze(1)
+        return self.make_tree(tree_from_nodes([[(0, 1)]] * len(root), root, root.device))
+
+
+@pytest.mark.parametrize("make,word", [
+    (lambda tree: tree.tokens, "got Tensor|DraftTree"),
+    (lambda tree: type(tree)(tree.parents, tree.tokens.to("meta"), tree.depths, tree.ancestors), "on meta"),
+])
+def test_a_broken_draft_tree_names_the_drafter(make, word):
+    tree = peagle.TreeConfig(num_nodes=2)
+    ok = FlatTree(lambda t: t)
+    assert isinstance(ok, peagle.TreeDrafter)
+    plain = peagle.generate(target(), None, PROMPTS, max_new_tokens=8)
+    assert peagle.generate(target(), ok, PROMPTS, draft_k=2, max_new_tokens=8, tree=tree).sequences == plain.sequences
+    with pytest.raises(ValueError, match="FlatTree broke the drafter contract") as err:
+        peagle.generate(target(), FlatTree(make), PROMPTS, draft_k=2, max_new_tokens=8, tree=tree)
+    assert any(w in str(err.value) for w in word.split("|"))

@@ -37,6 +37,13 @@ class GenerationStats:
 
     @property
     def tokens_per_s(self) -> float:
+        """Decoding rate: new tokens per second after the prompt pass (prefill excluded)."""
+        decode_s = self.wall_time_s - self.prefill_time_s
+        return self.new_tokens / decode_s if decode_s > 0 else 0.0
+
+    @property
+    def tokens_per_s_with_prefill(self) -> float:
+        """New tokens per second of the whole call, the prompt pass included."""
         return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
 
     @property

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 
 import pytest
 import torch
@@ -304,14 +305,7 @@ def test_llamacpp_arms_are_skipped_with_a_one_line_reason(tmp_path, capsys, monk
     assert "does not exist" in llamacpp.unavailable(tmp_path / "missing.gguf")
     fake = tmp_path / "m.gguf"
     fake.write_bytes(b"GGUF")
-    real_import = llamacpp.importlib.import_module
-
-    def no_llama_cpp(name, *a):
-        if name == "llama_cpp":
-            raise ImportError(name)
-        return real_import(name, *a)
-
-    monkeypatch.setattr(llamacpp.importlib, "import_module", no_llama_cpp)
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if not installed: importing it raises ImportError
     assert llamacpp.unavailable(fake) == llamacpp.INSTALL_HINT
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text('{"prompt": "def add(a, b):"}\n')
@@ -324,3 +318,9 @@ def test_llamacpp_arms_are_skipped_with_a_one_line_reason(tmp_path, capsys, monk
     assert [r["arm"] for r in doc["rows"]] == ["plain"]
     assert f"llama.cpp skipped at batch 1: {llamacpp.INSTALL_HINT}" in doc["notes"]
     assert f"llama.cpp arms skipped: {llamacpp.INSTALL_HINT}" in captured.err
+
+
+def test_tokens_per_s_excludes_the_prompt_pass():
+    s = peagle.GenerationStats(draft_k=0, new_tokens=10, target_passes=10, accepted_tokens=0, per_position_acceptance=[],
+                               wall_time_s=2.0, draft_time_s=0.0, verify_time_s=1.5, prefill_time_s=1.0, cycles=10)
+    assert s.tokens_per_s == 10.0 and s.tokens_per_s_with_prefill == 5.0

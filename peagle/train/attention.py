@@ -6,8 +6,10 @@ sequence and either d' = 0 and a' <= a, or a' = a and 1 <= d' <= d.
 Keys arrive as *groups*, each sorted by anchor, so the keys a chunk of queries with anchors in
 [lo, hi] can see form one contiguous range per group (found by binary search): depth-0 keys from
 the sequence's start to hi, chain keys (depth >= 1) with anchors in [lo, hi] only. Each chunk builds
-its small mask on the fly; when a pass needs several chunks and gradients are on, each chunk is
-recomputed in backward (activation checkpointing) so the peak memory stays one chunk's scores.
+its small mask on the fly. Chunks never span two sequences and hold at most ``QUERY_BLOCK``
+queries, so a chunk reads little more than the keys its queries can see. Only when a pass's
+chunks would keep more than ``SAVED_BUDGET`` values for backward (long sequences) is each chunk
+recomputed in backward (activation checkpointing), so the peak memory stays one chunk's scores.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
 
@@ -42,15 +45,16 @@ def visible(q_anchor, q_depth, q_doc, k_anchor, k_depth, k_doc) -> torch.Tensor:
 
 def _attend_chunk(q, q_anchor, q_depth, q_doc, ranges, *kv_and_meta):
     """q [Q, Hq, D]; kv_and_meta = (k, v, anchor, depth, doc) per key group, ranges = [(start, end)]."""
-    ks, vs, ka, kd, kdoc = [], [], [], [], []
-    for g, (s, e) in enumerate(ranges):
-        k, v, a, d, doc = kv_and_meta[5 * g: 5 * g + 5]
-        ks.append(k[s:e]), vs.append(v[s:e]), ka.append(a[s:e]), kd.append(d[s:e]), kdoc.append(doc[s:e])
-    k, v = torch.cat(ks), torch.cat(vs)
-    mask = visible(q_anchor, q_depth, q_doc, torch.cat(ka), torch.cat(kd), torch.cat(kdoc))
-    rep = q.shape[1] // k.shape[1]
-    if rep > 1:
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    with record_function("train.attn_prep"):  # gather the visible key ranges, build the mask, repeat GQA heads
+        ks, vs, ka, kd, kdoc = [], [], [], [], []
+        for g, (s, e) in enumerate(ranges):
+            k, v, a, d, doc = kv_and_meta[5 * g: 5 * g + 5]
+            ks.append(k[s:e]), vs.append(v[s:e]), ka.append(a[s:e]), kd.append(d[s:e]), kdoc.append(doc[s:e])
+        k, v = torch.cat(ks), torch.cat(vs)
+        mask = visible(q_anchor, q_depth, q_doc, torch.cat(ka), torch.cat(kd), torch.cat(kdoc))
+        rep = q.shape[1] // k.shape[1]
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     return _sdpa(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), mask).transpose(0, 1)
 
 
@@ -59,36 +63,69 @@ def _sdpa(q, k, v, mask):
     mask with gradients (~1.4x faster than the math path SDPA picks for a boolean mask)."""
     flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if q.device.type == "cpu" and flash is not None and q.dtype == k.dtype == v.dtype:
-        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+        with record_function("train.attn_prep"):
+            bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
         try:
-            return flash(q[None], k[None], v[None], attn_mask=bias[None, None])[0][0]
+            with record_function("train.attn_kernel"):
+                return flash(q[None], k[None], v[None], attn_mask=bias[None, None])[0][0]
         except (RuntimeError, TypeError):  # an older torch without mask support: the portable path
             pass
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with record_function("train.attn_kernel"):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+#: queries of one chunk (at most): small enough that a chunk's depth-0 keys (sequence start .. its
+#: last anchor) waste little on the causal upper triangle, large enough to keep the loop cheap
+QUERY_BLOCK = 128
+#: values a pass may keep for backward (masks, gathered keys and values) before chunks are
+#: recomputed in backward instead; a recipe batch of 8 x 1,024 tokens stays well under it
+SAVED_BUDGET = 1 << 26
+
+
+def chunk_plan(q_anchor: torch.Tensor, q_doc: torch.Tensor, keys: list[KeyGroup], doc_start: torch.Tensor,
+               heads: int, budget: int, query_block: int = QUERY_BLOCK) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """Query chunks (start, end, key range per group): never across sequences, at most query_block
+    queries and budget scores (queries x keys x heads) each.
+
+    A chunk with anchors [lo, hi] of sequence s reads the depth-0 keys from s's first row to hi
+    and the chain keys with anchors in [lo, hi]: one contiguous range per group (sorted anchors).
+    """
+    context = [g.context for g in keys]
+    docs, sizes = torch.unique_consecutive(q_doc, return_counts=True)
+    out, s = [], 0
+    for doc, n in zip(docs.tolist(), sizes.tolist()):
+        first, end = int(doc_start[doc]), s + n
+        width = sum(int(torch.searchsorted(g.anchor, int(q_anchor[end - 1]), right=True))
+                    - int(torch.searchsorted(g.anchor, first)) for g, c in zip(keys, context) if c)
+        step = max(1, min(query_block, budget // (heads * max(1, width))))
+        for c0 in range(s, end, step):
+            c1 = min(c0 + step, end)
+            lo, hi = int(q_anchor[c0]), int(q_anchor[c1 - 1])
+            ranges = [(int(torch.searchsorted(g.anchor, first if c else lo)), int(torch.searchsorted(g.anchor, hi, right=True)))
+                      for g, c in zip(keys, context)]
+            out.append((c0, c1, ranges))
+        s = end
+    return out
 
 
 def packed_attention(q: torch.Tensor, q_anchor: torch.Tensor, q_depth: torch.Tensor, q_doc: torch.Tensor,
-                     keys: list[KeyGroup], doc_start: torch.Tensor, budget: int = 1 << 23) -> torch.Tensor:
+                     keys: list[KeyGroup], doc_start: torch.Tensor, budget: int = 1 << 23,
+                     saved_budget: int | None = None) -> torch.Tensor:
     """Attention of queries q [Q, Hq, D] (sorted by anchor) over key groups -> [Q, Hq, D].
 
     budget: largest number of attention scores (queries x keys x heads) one chunk may hold.
+    saved_budget: when the chunks together would keep more values than this for backward (their
+    masks, gathered keys and values), each chunk is recomputed in backward instead (None: SAVED_BUDGET).
     """
-    Q, Hq, _ = q.shape
-    context = [g.context for g in keys]
-    # Chunk size from the depth-0 keys a chunk may read (its chain keys are few: <= K per anchor).
-    widest = sum(g.anchor.numel() for g, c in zip(keys, context) if c)
-    chunk = max(64, budget // (Hq * max(1, widest)))
-    starts = list(range(0, Q, chunk))
-    use_ckpt = len(starts) > 1 and torch.is_grad_enabled()
+    Q, Hq, D = q.shape
+    with record_function("train.attn_prep"):
+        chunks = chunk_plan(q_anchor, q_doc, keys, doc_start, Hq, budget, QUERY_BLOCK)
+    saved = sum((c1 - c0 + 2 * Hq * D) * sum(e - s for s, e in ranges) for c0, c1, ranges in chunks)
+    use_ckpt = len(chunks) > 1 and torch.is_grad_enabled() and saved > (SAVED_BUDGET if saved_budget is None else saved_budget)
     flat = [t for g in keys for t in (g.k, g.v, g.anchor, g.depth, g.doc)]
     outs = []
-    for s in starts:
-        e = min(s + chunk, Q)
-        first = int(doc_start[q_doc[s]])
-        lo, hi = int(q_anchor[s]), int(q_anchor[e - 1])
-        ranges = [(int(torch.searchsorted(g.anchor, first if c else lo)), int(torch.searchsorted(g.anchor, hi, right=True)))
-                  for g, c in zip(keys, context)]
-        args = (q[s:e], q_anchor[s:e], q_depth[s:e], q_doc[s:e], ranges, *flat)
+    for c0, c1, ranges in chunks:
+        args = (q[c0:c1], q_anchor[c0:c1], q_depth[c0:c1], q_doc[c0:c1], ranges, *flat)
         if use_ckpt:
             outs.append(checkpoint(_attend_chunk, *args, use_reentrant=False))
         else:

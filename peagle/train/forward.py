@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
 from ..drafters.layers import rope_cos_sin
@@ -46,8 +47,9 @@ class PassRunner:
         head, cfg = self.head, self.head.config
         g = Group.cat(groups) if len(groups) > 1 else groups[0]
         sizes = [len(x) for x in groups]
-        cos, sin = rope_cos_sin(g.position[None], cfg.head_dim, cfg.rope_theta, hidden.dtype)
-        emb = head.embed(g.token[None]).to(hidden.dtype)
+        with record_function("train.embed"):  # regions named train.* are what scripts/profile_train.py reports
+            cos, sin = rope_cos_sin(g.position[None], cfg.head_dim, cfg.rope_theta, hidden.dtype)
+            emb = head.embed(g.token[None]).to(hidden.dtype)
         h = hidden[None]
         for i, layer in enumerate(head.layers):
             def attend(q, k, v, i=i):
@@ -57,7 +59,8 @@ class PassRunner:
                 outs = [packed_attention(qq, grp.anchor, grp.depth, grp.doc, self.keys[i], self.packed.doc_start, self.budget)
                         for grp, qq in zip(groups, qg) if len(grp)]
                 return torch.cat(outs)[None]
-            h, _ = layer(h, emb if i == 0 else None, cos, sin, attend)
+            with record_function("train.layers"):
+                h, _ = layer(h, emb if i == 0 else None, cos, sin, attend)
         return h[0]
 
     def add_prefix(self, prefix: Group, hidden_fn: Callable[[Group], torch.Tensor]) -> None:
@@ -124,12 +127,18 @@ class StepStats:
 
 
 LOSS_CHUNK = 1024  # supervised rows whose [rows, N] logits exist at once
+#: a pass keeps each chunk's q - p [rows, N] for backward while all of them together hold at most
+#: this many values (512 MB in fp32); beyond it, chunks are recomputed in backward instead
+LOSS_SAVED_BUDGET = 1 << 27
 
 
 def _loss_chunk(head, hidden, labels, w, target_logits):
-    draft = head.logits(hidden)
-    tgt = target_logits(labels)
-    kl = kl_target_draft(draft, tgt)
+    with record_function("train.lm_head"):
+        draft = head.logits(hidden)
+    with record_function("train.target_logits"):
+        tgt = target_logits(labels)
+    with record_function("train.kl"):
+        kl = kl_target_draft(draft, tgt)
     return (kl * w).sum(), kl.detach(), draft.argmax(-1), tgt.argmax(-1)
 
 
@@ -137,7 +146,8 @@ def _supervised_loss(head, out: torch.Tensor, group: Group, feats: Features, sca
                      stats: StepStats, max_depth: int) -> torch.Tensor:
     """sum(scale * KL) over the supervised rows, LOSS_CHUNK rows at a time.
 
-    With several chunks each one is recomputed in backward, so no [rows, N] tensor outlives its chunk.
+    When the chunks' q - p would hold more than LOSS_SAVED_BUDGET values, each chunk is recomputed
+    in backward instead, so no [rows, N] tensor outlives its chunk.
     """
     sup = (group.weight > 0).nonzero().flatten()
     if sup.numel() == 0:
@@ -145,7 +155,8 @@ def _supervised_loss(head, out: torch.Tensor, group: Group, feats: Features, sca
     depth, labels = group.depth[sup], group.label[sup]
     w = scale[depth] if isinstance(scale, torch.Tensor) else torch.full(depth.shape, float(scale), device=out.device)
     starts = range(0, sup.numel(), LOSS_CHUNK)
-    use_ckpt = len(starts) > 1 and torch.is_grad_enabled()
+    saved = sup.numel() * head.lm_head.out_features
+    use_ckpt = len(starts) > 1 and torch.is_grad_enabled() and saved > LOSS_SAVED_BUDGET
     total, kls, drafted, best = 0.0, [], [], []
     for s in starts:
         rows = slice(s, s + LOSS_CHUNK)
@@ -164,8 +175,9 @@ def _supervised_loss(head, out: torch.Tensor, group: Group, feats: Features, sca
 
 def _fc_hidden(head, feats: Features):
     def hidden(g: Group) -> torch.Tensor:
-        x = feats.aux[g.anchor].to(head.fc.weight.dtype)
-        return head.fc(x)
+        with record_function("train.fc"):
+            x = feats.aux[g.anchor].to(head.fc.weight.dtype)
+            return head.fc(x)
     return hidden
 
 

@@ -1,0 +1,122 @@
+"""The step's speed-ups change no result: chunking and recomputation are pure speed.
+
+The fast path (query chunks that never span two sequences, nothing recomputed in backward while
+it fits the memory budgets) must give the reference path's gradients (one chunk per sequence,
+every attention and loss chunk recomputed in backward) and its loss curve. The paths differ only in
+the order of floating-point sums (~1e-7 relative); on this tiny random problem training amplifies
+that to ~1e-3 after 25-50 steps (both kinds, AdamW or SGD alike), so the curve is compared over the
+first 15 steps, where it stays below 1e-5. scripts/train_speed.py compares the two on real data.
+"""
+import pytest
+import torch
+
+from peagle.train import attention, forward
+from peagle.train.attention import KeyGroup, chunk_plan, packed_attention, visible
+from peagle.train.forward import Features, eagle3_step, peagle_step
+from peagle.train.plan import depth0, pack, peagle_chains, plan_eagle3, plan_peagle
+from peagle.train.tiny import tiny_head, tiny_target
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.set_num_threads(1)
+    return tiny_target(hidden=64, layers=4, vocab=256)
+
+
+def _random_features(seqs, aux_size, vocab, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    T = sum(len(s) for s in seqs)
+    aux = torch.randn(T, aux_size, generator=g)
+    logits = 3 * torch.randn(T, vocab, generator=g)
+    return Features(aux, lambda rows: logits[rows])
+
+
+def _loss_curve(target, kind, steps, reference, monkeypatch):
+    if reference:  # one chunk per sequence, everything recomputed in backward
+        monkeypatch.setattr(attention, "QUERY_BLOCK", 1 << 30)
+        monkeypatch.setattr(attention, "SAVED_BUDGET", 0)
+        monkeypatch.setattr(forward, "LOSS_SAVED_BUDGET", 0)
+        monkeypatch.setattr(forward, "LOSS_CHUNK", 16)
+    else:  # small chunks, so the fast path runs many of them
+        monkeypatch.setattr(attention, "QUERY_BLOCK", 8)
+        monkeypatch.setattr(forward, "LOSS_CHUNK", 16)
+    head = tiny_head(target, kind, layers=2, max_draft_k=5)
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=3e-3)
+    lengths = [26, 9, 33]
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(3, 250, (n,), generator=g) for n in lengths]
+    feats = _random_features(seqs, head.fc.in_features, head.lm_head.out_features)
+    packed = pack(seqs, [6, 3, 7])
+    losses, grads = [], None
+    for step in range(steps):
+        opt.zero_grad()
+        if kind == "peagle":
+            plan = plan_peagle(packed, 5, head.config.mask_token_id, generator=torch.Generator().manual_seed(step))
+            st = peagle_step(head, plan, feats, norm=plan.num_supervised)
+        else:
+            plan = plan_eagle3(packed, 5)
+            st = eagle3_step(head, plan, feats, plan.counts(5), 5)
+        if grads is None:
+            grads = torch.cat([p.grad.flatten() for p in head.parameters() if p.grad is not None])
+        opt.step()
+        losses.append(st.objective)
+    monkeypatch.undo()
+    return torch.tensor(losses), grads
+
+
+@pytest.mark.parametrize("kind", ["peagle", "eagle3"])
+def test_fast_step_gives_the_reference_gradients_and_loss_curve(target, kind, monkeypatch):
+    ref, ref_grad = _loss_curve(target, kind, 15, True, monkeypatch)
+    fast, fast_grad = _loss_curve(target, kind, 15, False, monkeypatch)
+    assert ref[-1] < 0.9 * ref[0]  # it trains: the comparison is not between two flat lines
+    assert ((fast_grad - ref_grad).norm() / ref_grad.norm()).item() < 1e-5
+    rel = ((fast - ref).abs() / ref.abs()).max().item()
+    assert rel < 1e-4, rel
+
+
+@pytest.mark.parametrize("block", [1, 3, 8, 1000])
+def test_chunks_stay_inside_one_sequence_and_give_dense_attention(block):
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(3, 250, (n,), generator=g) for n in (17, 5, 30)]
+    packed = pack(seqs, [3, 1, 4])
+    d0 = depth0(packed)
+    chains = peagle_chains(packed, d0, 4, 1, ratio=1.0, min_ratio=1.0)
+    Hq, Hkv, D = 4, 2, 8
+    keys = [KeyGroup(torch.randn(len(grp), Hkv, D, generator=g), torch.randn(len(grp), Hkv, D, generator=g),
+                     grp.anchor, grp.depth, grp.doc) for grp in (d0, chains)]
+    for grp in (d0, chains):
+        q = torch.randn(len(grp), Hq, D, generator=g)
+        for c0, c1, _ in chunk_plan(grp.anchor, grp.doc, keys, packed.doc_start, Hq, 1 << 23, block):
+            assert c1 - c0 <= block and grp.doc[c0] == grp.doc[c1 - 1]
+        attention.QUERY_BLOCK, saved = block, attention.QUERY_BLOCK
+        try:
+            out = packed_attention(q, grp.anchor, grp.depth, grp.doc, keys, packed.doc_start)
+        finally:
+            attention.QUERY_BLOCK = saved
+        k = torch.cat([kg.k for kg in keys]).repeat_interleave(Hq // Hkv, 1)
+        v = torch.cat([kg.v for kg in keys]).repeat_interleave(Hq // Hkv, 1)
+        mask = visible(grp.anchor, grp.depth, grp.doc, *(torch.cat([getattr(kg, f) for kg in keys])
+                                                         for f in ("anchor", "depth", "doc")))
+        scores = torch.einsum("qhd,khd->hqk", q, k) / D ** 0.5
+        dense = torch.einsum("hqk,khd->qhd", scores.masked_fill(~mask, float("-inf")).softmax(-1), v)
+        torch.testing.assert_close(out, dense, atol=1e-5, rtol=1e-5)
+
+
+def test_long_passes_still_recompute_in_backward(monkeypatch):
+    # past the saved budget each chunk is checkpointed: the path 16K-token sequences take
+    calls = []
+    real = attention.checkpoint
+    monkeypatch.setattr(attention, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(attention, "SAVED_BUDGET", 10)
+    monkeypatch.setattr(attention, "QUERY_BLOCK", 4)
+    seqs = [torch.arange(3, 23)]
+    packed = pack(seqs, [2])
+    d0 = depth0(packed)
+    kv = torch.randn(len(d0), 2, 8, requires_grad=True)
+    keys = [KeyGroup(kv, kv, d0.anchor, d0.depth, d0.doc)]
+    packed_attention(torch.randn(len(d0), 4, 8), d0.anchor, d0.depth, d0.doc, keys, packed.doc_start).sum().backward()
+    assert len(calls) == len(range(0, len(d0), 4))
+    monkeypatch.setattr(attention, "SAVED_BUDGET", 1 << 30)
+    calls.clear()
+    packed_attention(torch.randn(len(d0), 4, 8), d0.anchor, d0.depth, d0.doc, keys, packed.doc_start).sum().backward()
+    assert calls == []

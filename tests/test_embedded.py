@@ -30,3 +30,17 @@ def test_shipped_heads_accept_drafts_losslessly_in_float32(name):
     out = peagle.generate(target, drafter, prompts, chat=True, max_new_tokens=48, draft_k=7)
     assert out.sequences == plain.sequences
     assert out.stats.acceptance_length > 1.2  # a trained head; a random one accepts ~nothing (1.0)
+
+
+@pytest.mark.slow
+def test_auto_dtype_measures_the_embedded_target_and_says_why(tmp_path, monkeypatch):
+    from peagle import machine
+
+    monkeypatch.setattr(machine, "_cache_path", lambda: tmp_path / machine.CACHE_FILE)  # measure afresh
+    target = peagle.load_target(threads=1)
+    assert target.dtype in (torch.float32, torch.bfloat16) and target.threads_reason.startswith("1 thread: ")
+    assert target.dtype_reason.startswith(str(target.dtype).replace("torch.", "") + ": this CPU has")
+    if not machine.native_bf16(machine.cpu_facts()["flags"]):
+        assert target.dtype == torch.float32  # AVX2 only: a bf16 verify costs more steps than an fp32 one
+    again = peagle.load_target(threads=1)
+    assert again.dtype == target.dtype and again.dtype_reason.endswith("(measured once, cached)")

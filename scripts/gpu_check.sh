@@ -64,6 +64,9 @@ section bench_kernels 120 "$PY" scripts/bench_kernels.py --out "$OUT_DIR/kernels
 # --- 3. FP8: _scaled_mm vs emulation on device; Llama-8B-shaped decode step FP8 vs bf16 ---------
 section fp8 180 "$PY" scripts/gpu_fp8_check.py --out "$OUT_DIR/fp8"
 
+# --- 4. Training: each trainable head kind for TRAIN_MINUTES (1) on a random Llama-1B-shaped target --
+section train 330 bash scripts/gpu_train_check.sh
+
 # --- 4+. Further sections go here. ---------------------------------------------------------------
 
 echo "=== summary (also in $SUMMARY)"

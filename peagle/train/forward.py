@@ -189,6 +189,7 @@ def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float, num_segmen
     micro-batches, segments and processes).
     """
     stats = stats if stats is not None else StepStats()
+    plan = plan.to(feats.aux.device)  # plans are built on the CPU; the step runs where the features are
     K = head.config.max_draft_k
     fc_hidden = _fc_hidden(head, feats)
     for seg in segments(plan.d0, plan.chains, num_segments):
@@ -212,6 +213,7 @@ def eagle3_step(head, plan: Eagle3Plan, feats: Features, norms: list[float], ste
                 backward: bool = True, budget: int = 1 << 23, stats: StepStats | None = None) -> StepStats:
     """Training-time test: sum_d 0.8^d * sum(KL at depth d) / norms[d], depths unrolled in sequence."""
     stats = stats if stats is not None else StepStats()
+    plan = plan.to(feats.aux.device)
     scale = torch.tensor([TTT_DECAY ** d / max(n, 1.0) for d, n in enumerate(norms)], device=feats.aux.device)
     runner = PassRunner(head, plan.packed, budget)
     prev_group, prev_out = plan.d0, runner.run([plan.d0], _fc_hidden(head, feats)(plan.d0))

@@ -173,6 +173,10 @@ class PEaglePlan:
     def num_supervised(self) -> int:
         return self.d0.num_supervised + self.chains.num_supervised
 
+    def to(self, device) -> "PEaglePlan":
+        """The element tensors on ``device`` (the packed stream's bookkeeping stays where it is)."""
+        return PEaglePlan(self.packed, self.d0.to(device), self.chains.to(device))
+
 
 def plan_peagle(packed: Packed, max_depth: int, mask_token_id: int, ratio: float = 0.8, min_ratio: float = 0.2,
                 generator: torch.Generator | list | None = None) -> PEaglePlan:
@@ -193,6 +197,10 @@ class Eagle3Plan:
         """Supervised elements per depth 0..steps-1 (0 past the last group)."""
         c = [self.d0.num_supervised] + [g.num_supervised for g in self.depths]
         return c + [0] * (steps - len(c))
+
+    def to(self, device) -> "Eagle3Plan":
+        """The element tensors on ``device``."""
+        return Eagle3Plan(self.packed, self.d0.to(device), [g.to(device) for g in self.depths])
 
 
 def plan_eagle3(packed: Packed, steps: int = 7) -> Eagle3Plan:

@@ -120,3 +120,18 @@ def test_long_passes_still_recompute_in_backward(monkeypatch):
     calls.clear()
     packed_attention(torch.randn(len(d0), 4, 8), d0.anchor, d0.depth, d0.doc, keys, packed.doc_start).sum().backward()
     assert calls == []
+
+
+def test_auto_precision_is_fp32_without_native_bf16(monkeypatch):
+    from peagle import machine
+    from peagle.train.trainer import TrainConfig, resolve_mixed_precision
+
+    assert TrainConfig(kind="peagle", data="d", out="o").mixed_precision == "auto"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for flags, expect in ((["avx2"], "no"), (["avx2", "avx512f"], "no"), (["avx512f", "avx512_bf16"], "bf16"),
+                          (["amx_bf16", "amx_tile"], "bf16")):
+        monkeypatch.setattr(machine, "cpu_facts", lambda flags=flags: {"flags": flags})
+        assert resolve_mixed_precision("auto") == expect
+    assert resolve_mixed_precision("bf16") == "bf16" and resolve_mixed_precision("no") == "no"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_mixed_precision("auto") == "bf16"

@@ -146,7 +146,8 @@ def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)
     p.add_argument("--features", default=d.features, choices=["cache", "online"])
-    p.add_argument("--mixed-precision", default=d.mixed_precision, choices=["no", "bf16"])
+    p.add_argument("--mixed-precision", default=d.mixed_precision, choices=["auto", "no", "bf16"],
+                   help="auto: bf16 autocast on GPUs and CPUs with native bf16 (AMX, avx512_bf16), else fp32")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
     p.add_argument("--log-every", type=int, default=d.log_every)

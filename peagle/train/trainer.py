@@ -71,7 +71,7 @@ class TrainConfig:
     init_lm_head: str = "random"  # "random" (default: measured better on the embedded run) or "target" (its rows, norm folded in)
     features: str = "cache"  # "cache" (DATA/features) or "online" (target forward per step)
     precondition: str = "none"  # "rms": fc trained in standardised aux units (peagle/train/precondition.py)
-    mixed_precision: str = "no"  # "no" | "bf16" (autocast where the device supports it)
+    mixed_precision: str = "auto"  # "auto" (bf16 where matmuls are native: GPUs, AMX / avx512_bf16 CPUs) | "no" | "bf16"
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
     log_every: int = 10
@@ -95,8 +95,8 @@ class TrainConfig:
         if self.shards is not None:
             from .data import parse_shards
             parse_shards(self.shards)  # raises on a malformed spec before any work starts
-        if self.mixed_precision not in ("no", "bf16"):
-            raise ValueError(f"mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}")
+        if self.mixed_precision not in ("auto", "no", "bf16"):
+            raise ValueError(f"mixed_precision must be 'auto', 'no' or 'bf16', got {self.mixed_precision!r}")
         if self.loss_vocab not in ("full", "draft"):
             raise ValueError(f"loss_vocab must be 'full' or 'draft', got {self.loss_vocab!r}")
         if self.block_size < 2:
@@ -386,6 +386,19 @@ def _release_freed_memory() -> None:
         trim(0)
 
 
+def resolve_mixed_precision(mode: str) -> str:
+    """"auto" -> "bf16" on a GPU or a CPU with native bf16 matmuls, else "no" (fp32).
+
+    On an AVX2-only CPU bf16 autocast makes every matmul convert and emulate: a P-EAGLE recipe
+    step took several times as long as in fp32 (docs/training.md, "Step cost").
+    """
+    if mode != "auto":
+        return mode
+    from ..machine import cpu_facts, native_bf16
+
+    return "bf16" if torch.cuda.is_available() or native_bf16(cpu_facts()["flags"]) else "no"
+
+
 def _seq_generator(cfg: TrainConfig, step: int, index: int) -> torch.Generator:
     return torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 1_000_033 + index)
 
@@ -401,7 +414,7 @@ def train(cfg: TrainConfig, target=None) -> Path:
     # Without a GPU, several processes (torchrun / accelerate launch) mean gloo on CPU: accelerate
     # only sets that up when told cpu=True.
     multi_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    accelerator = Accelerator(mixed_precision=cfg.mixed_precision, cpu=multi_cpu)
+    accelerator = Accelerator(mixed_precision=resolve_mixed_precision(cfg.mixed_precision), cpu=multi_cpu)
     device = accelerator.device
     out = Path(cfg.out)
     if target is None:

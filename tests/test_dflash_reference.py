@@ -59,3 +59,35 @@ def test_smollm2_features_match_the_reference():
     assert r["target_layer_ids"] == [1, 8, 14, 20, 27]
     assert r["hook_max_abs_diff"] < TOL
     assert r["max_abs_diff"] < TOL, r
+
+
+def test_a_head_saved_by_the_reference_loads_and_drafts_identically(tmp_path):
+    """The other direction: the reference model's own save_pretrained -> peagle's loader."""
+    from transformers import Qwen3Config
+
+    from dflash.model import DFlashDraftModel
+    from peagle.dflash_format import config_to_dict, load_dflash
+    from peagle.drafters.dflash import DFlashConfig
+
+    target = peagle.Target(tiny_model("qwen3"))
+    cfg = config_to_dict(DFlashConfig.for_target(target, num_layers=2, block_size=8), torch.float32)
+    for key in ("eagle_aux_hidden_state_layer_ids", "target_hidden_size"):  # keys z-lab's heads lack
+        del cfg[key]
+    torch.manual_seed(2)
+    config = Qwen3Config(**{k: v for k, v in cfg.items() if k not in ("model_type", "torch_dtype")})
+    config._attn_implementation = "sdpa"
+    ref = DFlashDraftModel(config).float().eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(torch.randn_like(p) * 0.2 + (1.0 if p.dim() == 1 else 0.0))
+    ref.save_pretrained(tmp_path)
+    ours = load_dflash(tmp_path, target=target)
+    g = torch.Generator().manual_seed(0)
+    ctx = torch.randn(1, 9, ours.config.context_size, generator=g)
+    block = torch.randint(0, target.vocab_size, (1, 8), generator=g)
+    emb = ours.embed(block)
+    positions = torch.arange(9, 17)[None]
+    with torch.no_grad():
+        want = ref(target_hidden=ctx, noise_embedding=emb, position_ids=torch.arange(17)[None], is_causal=False)
+        got = ours(emb, ctx, positions, torch.arange(9)[None])
+    assert (got - want).abs().max().item() < TOL

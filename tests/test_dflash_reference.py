@@ -63,9 +63,9 @@ def test_smollm2_features_match_the_reference():
 
 def test_a_head_saved_by_the_reference_loads_and_drafts_identically(tmp_path):
     """The other direction: the reference model's own save_pretrained -> peagle's loader."""
+    from dflash.model import DFlashDraftModel
     from transformers import Qwen3Config
 
-    from dflash.model import DFlashDraftModel
     from peagle.dflash_format import config_to_dict, load_dflash
     from peagle.drafters.dflash import DFlashConfig
 

@@ -11,17 +11,20 @@ the CPU model, its matmul-relevant flags, torch version, thread count and the mo
     tokens costs no more steps in bf16 than in fp32) or bf16 is >= 20% faster at every size.
 
 Speculative decoding pays when verifying k + 1 tokens costs little more than one step, so the
-relative verify cost matters as much as the step. Measured on the 2-core AMD EPYC these docs come
-from (AVX2 only, no avx512_bf16 / AMX; 1 thread, ``python -m peagle.bench.forward_cost --context
-100 --new-tokens 1,2,4,8 --threads 1``): a step costs about the same in both, but verifying
-4 tokens costs ~1.3x a step in fp32 and ~2x in bf16 (8 tokens: ~1.5x vs ~3x), so the rule picks
-float32 there. CPUs with AMX or avx512_bf16 score many bf16 rows for the price of one.
+relative verify cost matters as much as the step. On the 2-core AMD EPYC (AVX2 only, no
+avx512_bf16 / AMX; 1 thread; the measurement the first ``peagle.load_target()`` makes, its
+``dtype_reason``, while other processes held a load average of about 9) verifying 4 tokens cost
+1.8x a step in fp32 and 2.7x in bf16, 8 tokens 2.1x and 4.4x; the one-token step was not slower in
+bf16 (217 vs 258 ms, both inflated by the load), so the rule picks float32 there. CPUs with AMX or
+avx512_bf16 score many bf16 rows for little more than one.
 
 Threads (:func:`default_threads`): OpenMP threads that share a core with another busy process
-wait for it at every barrier. On the 2-core machine, with one other busy process, plain decoding
-with 2 threads swung between 0.8 and 21.7 tok/s and ran steadily at 12.8-14.7 with 1, so a machine
-of at most 2 cores gets 1 thread; a bigger one gets half its cores (at most 8), leaving room for
-other processes. ``OMP_NUM_THREADS`` or ``PEAGLE_THREADS``, when set, win.
+wait for it at every barrier. On the shared 2-core AMD EPYC, with other processes holding a load
+average of 7-9, plain decoding of the embedded target ran at 3.8-6.4 tok/s with 1 thread and 0.8
+with 2; with one more busy process, 2.6 and 0.5 (medians of 3 repeats,
+``peagle bench --arms plain --datasets humaneval --num-prompts 2 --max-new-tokens 32 --batch-sizes 1 --repeats 3 --dtype float32 --threads N``). So a machine of at most 2 cores gets 1 thread; a bigger one gets
+half its cores (at most 8, not measured), leaving room for other processes. ``PEAGLE_THREADS`` or
+``OMP_NUM_THREADS``, when set, win.
 """
 from __future__ import annotations
 
@@ -91,8 +94,8 @@ def default_threads(cores: int | None = None, env: dict | None = None) -> tuple[
             return int(value), f"{name}={int(value)}"
     cores = cpu_facts()["cores"] if cores is None else int(cores)
     if cores <= 2:
-        return 1, (f"{cores} core{'s' if cores != 1 else ''}: a second thread on a shared 2-core machine "
-                   "stalls at every barrier (plain decoding 0.8-21.7 tok/s with 2 threads, 12.8-14.7 with 1)")
+        return 1, (f"{cores} core{'s' if cores != 1 else ''}: a second thread waits at every barrier for a core "
+                   "another process holds (busy 2-core machine: plain decoding 5-8x slower with 2 threads than with 1)")
     n = max(1, min(cores // 2, 8))
     return n, f"{cores} cores: half of them (at most 8), leaving room for other processes"
 

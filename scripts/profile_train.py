@@ -153,6 +153,24 @@ def region_table(prof) -> dict[str, float]:
     return dict(out)
 
 
+def linear_check(rows: int = 2048, reps: int = 5) -> dict[str, float]:
+    """CPU seconds of one [rows, 576] x [576, 768] linear forward + backward, fp32 and under bf16 autocast."""
+    lin = torch.nn.Linear(576, 768, bias=False)
+    x = torch.randn(rows, 576, requires_grad=True)
+    out = {}
+    for precision in ("fp32", "bf16"):
+        def once():
+            with autocast(precision):
+                y = lin(x)
+            y.float().sum().backward()
+        once()
+        t = time.process_time()
+        for _ in range(reps):
+            once()
+        out[precision] = (time.process_time() - t) / reps
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="runs/data")
@@ -163,8 +181,16 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--no-profile", action="store_true", help="only the phase timers")
+    ap.add_argument("--top-ops", type=int, default=0, help="also list the N ops of most self time")
+    ap.add_argument("--linear-check", action="store_true", help="only time one linear layer, fp32 vs bf16 autocast")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.linear_check:
+        r = linear_check()
+        print(f"[2048, 576] x [576, 768] forward + backward: fp32 {r['fp32']:.3f} s, bf16 autocast {r['bf16']:.3f} s "
+              f"({r['bf16'] / r['fp32']:.1f}x)")
+        print(json.dumps(r))
+        return 0
     s = Session(args.kind, args.data, args.shards, args.precision)
     for i in range(args.warmup):
         s.step(i)
@@ -190,6 +216,10 @@ def main(argv=None) -> int:
         print("| region | s | share |\n|---|---|---|")
         for k, v in sorted(regions.items(), key=lambda kv: -kv[1]):
             print(f"| {k} | {v:.3f} | {v / all_s:.1%} |")
+        if args.top_ops:
+            print("\n| op | self s | share |\n|---|---|---|")
+            for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[: args.top_ops]:
+                print(f"| {e.key} | {e.self_cpu_time_total / 1e6:.3f} | {e.self_cpu_time_total / 1e6 / all_s:.1%} |")
     print(json.dumps({"kind": args.kind, "precision": args.precision, "threads": args.threads,
                       "elements_per_s": round(elements / total, 1), "seconds_per_step": round(total / args.steps, 3),
                       "phases": {k: round(v / args.steps, 4) for k, v in phases.items()},

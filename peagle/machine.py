@@ -2,7 +2,7 @@
 
 ``dtype="auto"`` (``peagle.load_target``, ``Target.from_pretrained``): on CUDA, bfloat16. On a CPU
 the target's own forward cost is measured once per machine over 1, 2, 4 and 8 new tokens at a
-100-token context, in float32 and in a bfloat16 copy (median of a few rounds, ~10-20 s for
+100-token context, in float32 and in a bfloat16 copy (medians of 5 shuffled rounds; 11.7 s of CPU time for
 SmolLM2-135M), and the result is cached as JSON under ``peagle.embedded.cache_dir()`` keyed by
 the CPU model, its matmul-relevant flags, torch version, thread count and the model's shape.
 :func:`choose_dtype` then applies one rule:
@@ -21,7 +21,7 @@ avx512_bf16 score many bf16 rows for little more than one.
 Threads (:func:`default_threads`): OpenMP threads that share a core with another busy process
 wait for it at every barrier. On the shared 2-core AMD EPYC, with other processes holding a load
 average of 7-9, plain decoding of the embedded target ran at 3.8-6.4 tok/s with 1 thread and 0.8
-with 2; with one more busy process, 2.6 and 0.5 (medians of 3 repeats,
+with 2; with one more busy process, 2.6-3.3 and 0.5-0.6 (medians of 3 repeats, two runs each,
 ``peagle bench --arms plain --datasets humaneval --num-prompts 2 --max-new-tokens 32 --batch-sizes 1 --repeats 3 --dtype float32 --threads N``). So a machine of at most 2 cores gets 1 thread; a bigger one gets
 half its cores (at most 8, not measured), leaving room for other processes. ``PEAGLE_THREADS`` or
 ``OMP_NUM_THREADS``, when set, win.

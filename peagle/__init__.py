@@ -3,13 +3,13 @@ from .checkpoint import load_drafter
 from .config import DrafterConfig
 from .drafters import DFlashConfig, DFlashDrafter, Draft, Drafter, DraftStep, Eagle3Drafter, NgramDrafter, PEagleDrafter
 from .drafters.base import DrafterBase, TreeDrafter
+from .embedded import load_target
+from .fp8 import FP8Linear, load_fp8_state, quantize_fp8, save_fp8_state
 from .generate import generate
 from .sampling import SamplingParams
 from .stats import GenerationOutput, GenerationStats
 from .target import Target
 from .tree import TreeConfig
-from .embedded import load_target
-from .fp8 import FP8Linear, load_fp8_state, quantize_fp8, save_fp8_state
 
 
 def _version() -> str:

@@ -182,8 +182,10 @@ def save_dflash(head: DFlashDrafter, path: str | Path, dtype: torch.dtype | None
     tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items()}
     validate_tensors(tensors, head.config)
     save_file(tensors, str(path / (WEIGHTS + ".tmp")), metadata={"format": "pt"})
+    os.chmod(path / (WEIGHTS + ".tmp"), 0o644)  # safetensors writes 0600: engines and other users read heads
     os.replace(path / (WEIGHTS + ".tmp"), path / WEIGHTS)
     (path / "config.json.tmp").write_text(json.dumps(config_to_dict(head.config, dtype), indent=2) + "\n")
+    os.chmod(path / "config.json.tmp", 0o644)
     os.replace(path / "config.json.tmp", path / "config.json")
     return path
 

@@ -51,7 +51,7 @@ def generate(
 
     Args:
         target: the model to accelerate.
-        drafter: a :class:`peagle.Drafter` (P-EAGLE, EAGLE-3, n-gram, yours) or None.
+        drafter: a :class:`peagle.Drafter` (P-EAGLE, EAGLE-3, DFlash, n-gram, yours) or None.
         prompts: a string, a list of strings, a list of token-id lists or a LongTensor [B, T].
         draft_k: tokens proposed per cycle (1..drafter.max_draft_k); ``"auto"`` (or a
             :class:`peagle.autok.DraftKPolicy`) picks it every cycle from measured acceptance and costs.
@@ -61,7 +61,7 @@ def generate(
         stop: strings or token ids that end a row (eos always does).
         chat: apply the tokenizer's chat template to string prompts.
         tree: verify a tree of candidates per cycle instead of a chain (peagle.TreeConfig);
-            needs a :class:`peagle.TreeDrafter` (P-EAGLE, EAGLE-3); draft_k is the tree's depth.
+            needs a :class:`peagle.TreeDrafter` (P-EAGLE, EAGLE-3, DFlash); draft_k is the tree's depth.
             ``TreeConfig(num_nodes="auto")`` (or a :class:`peagle.autotree.TreeSizePolicy`) picks
             the node budget every cycle from measured acceptance and costs.
         timing: time each cycle's drafting and verification (``stats.draft_time_s`` /

@@ -40,7 +40,7 @@ def main() -> None:
     drafter = peagle.PEagleDrafter(peagle.DrafterConfig.for_target(target, num_layers=4))
     split = []
     for row in ids:
-        s = peagle.generate(target, drafter, [row], draft_k=7, max_new_tokens=args.new).stats
+        s = peagle.generate(target, drafter, [row], draft_k=7, max_new_tokens=args.new, timing=True).stats
         decode = s.wall_time_s - s.prefill_time_s
         split.append((s.draft_time_s / decode, (s.verify_time_s - s.prefill_time_s) / decode, s.other_time_s / decode))
     report = {

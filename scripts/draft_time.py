@@ -32,7 +32,7 @@ def main() -> None:
         peagle.generate(target, drafter, prompts[:1], chat=True, draft_k=3, max_new_tokens=8)  # warm-up
         for k in (int(x) for x in args.draft_k.split(",")):
             stats = [peagle.generate(target, drafter, [prompt], chat=True, draft_k=k,
-                                     max_new_tokens=args.max_new_tokens).stats for prompt in prompts]
+                                     max_new_tokens=args.max_new_tokens, timing=True).stats for prompt in prompts]
             result[f"{name} K={k}"] = round(per_cycle_ms(stats)["draft_ms"], 2)
     print(json.dumps(result))
 

@@ -317,7 +317,7 @@ def peagle_cycles(model, drafter, batch: int, ctx: int, draft_k: int, new_tokens
         g = torch.Generator(device="cpu").manual_seed(batch)
         prompts = torch.randint(0, model.config.vocab_size, (batch, ctx), generator=g)
         peagle.generate(target, drafter, prompts, draft_k=draft_k, max_new_tokens=3)  # warm-up
-        stats = peagle.generate(target, drafter, prompts, draft_k=draft_k, max_new_tokens=new_tokens).stats
+        stats = peagle.generate(target, drafter, prompts, draft_k=draft_k, max_new_tokens=new_tokens, timing=True).stats
     finally:
         target.remove_hooks()
     split = per_cycle_ms([stats])

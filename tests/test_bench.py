@@ -6,7 +6,6 @@ import json
 import sys
 
 import pytest
-import torch
 
 import peagle
 from peagle import bench

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import peagle
+from drafters_for_tests import OracleDrafter
 from peagle.autok import DraftKPolicy, make_policy
 from peagle.bench.models import tiny_target
 from peagle.cycle import CycleResult
 from peagle.planner import BatchInfo, CyclePlan
-from drafters_for_tests import OracleDrafter
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4], [100, 101, 102, 103, 104, 105, 106, 107, 108, 1]]
 NEW = 40

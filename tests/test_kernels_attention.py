@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from interpreter import needs_interpreter
 
+from interpreter import needs_interpreter
 from peagle.kernels import parallel_draft_attention, parallel_draft_attention_torch, resolve_impl
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from interpreter import needs_interpreter
 
+from interpreter import needs_interpreter
 from peagle.kernels import tree_depths, tree_verify, tree_verify_torch
 
 ROOT = Path(__file__).resolve().parents[1]

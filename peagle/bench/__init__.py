@@ -24,7 +24,6 @@ from .arms import ARMS, AUTO_RULES, DEFAULT_ARMS, INEXACT_ARMS, ArmRunner
 from .journal import Journal
 from .sweep import SweepConfig, chunks, count_runs, run_group
 
-
 #: (full default, --quick default) for every option --quick changes
 _DEFAULTS = {
     "model": ("embedded", "tiny"), "dtype": ("auto", "float32"), "datasets": ("humaneval,mtbench", "humaneval"),
@@ -139,11 +138,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, checked: dict) -> int:
+    from tqdm.auto import tqdm
+
     from peagle import NgramDrafter
     from peagle.evalsets import dataset_label, load_prompts
     from peagle.machine import apply_threads, parse_dtype
     from peagle.prompts import encode_prompts
-    from tqdm.auto import tqdm
 
     from .models import load_bench_target, load_head
     from .report import human_report, json_line, machine_info, summary, write_csv, write_plots

@@ -16,8 +16,18 @@ from peagle.autok import make_policy
 from peagle.autotree import TreeSizePolicy
 from peagle.stats import per_cycle_ms
 
-from .arms import (AUTO_RULES, DEFAULT_TREE_NODES, DRAFTING, INEXACT_ARMS, NO_AUTO, TREE_ARMS, ArmRunner, ArmSpec,
-                   CallResult, first_divergence)
+from .arms import (
+    AUTO_RULES,
+    DEFAULT_TREE_NODES,
+    DRAFTING,
+    INEXACT_ARMS,
+    NO_AUTO,
+    TREE_ARMS,
+    ArmRunner,
+    ArmSpec,
+    CallResult,
+    first_divergence,
+)
 
 
 @dataclass(frozen=True)

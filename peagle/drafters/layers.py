@@ -6,8 +6,8 @@ within the pass (docs/CONTRACTS.md), via ``peagle.kernels.parallel_draft_attenti
 from __future__ import annotations
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from ..config import DrafterConfig
 

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from ..dtypes import DTYPE_NAMES
+from ..machine import apply_threads
 
 
 def _add_data(p: argparse.ArgumentParser) -> None:
@@ -34,19 +35,17 @@ def _add_data(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-size", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--dtype", default="bfloat16", choices=DTYPE_NAMES)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: peagle.machine.default_threads, 1 on a 2-core machine)")
     p.add_argument("--max-shards", type=int, default=None, help="stop after this many new shards")
     p.add_argument("--worker", default="0/1", help="I/N: do only shards with index %% N == I (N processes share --out)")
 
 
 def _run_data(args) -> int:
-    import torch
 
     from .data import GenerationSettings, check_worker, load_target_by_name, prepare, regenerate
     from .prompts import build_prompts
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads or "auto")
     settings = GenerationSettings(
         target=args.target, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
         max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -92,20 +91,18 @@ def _add_features(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True)
     p.add_argument("--target", default="default")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: peagle.machine.default_threads)")
     p.add_argument("--aux-layers", default=None,
                    help="comma list of target layers to cache (inputs of those layers; default: the target's "
                         "EAGLE-3 layers). One cache can serve several head kinds: list the union.")
 
 
 def _run_features(args) -> int:
-    import torch
 
     from .data import load_target_by_name
     from .features import build_cache
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads or "auto")
     target = load_target_by_name(args.target, args.dtype)
     if args.aux_layers:
         target.set_aux_layer_ids([int(x) for x in args.aux_layers.split(",")])
@@ -180,7 +177,7 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--anchor-stride", type=int, default=1,
                    help="DFlash heads: evaluate the blocks at every s-th anchor of each answer (1 = all; full-vocabulary "
                         "logits at every position are costly on a CPU)")
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: peagle.machine.default_threads)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
 
 

@@ -129,8 +129,9 @@ def run_cli(args) -> int:
         value = getattr(args, name, None)
         if value is not None and value < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    from ..machine import apply_threads
+
+    apply_threads(args.threads or "auto")
     target = load_target_by_name(args.target, args.target_dtype)
     results = []
     for path in args.head:

@@ -29,6 +29,7 @@ import torch
 
 from .. import kinds
 from ..checkpoint import read_tensors, save_pretrained
+from ..machine import apply_threads
 from .forward import Features
 from .memory import rss_mb
 from .plan import pack
@@ -76,7 +77,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     log_every: int = 10
     seed: int = 0
-    threads: int = 0  # torch threads per process (0 = torch's default)
+    threads: int = 0  # torch threads per process (0: peagle.machine.default_threads)
     reschedule: bool = False  # resume with another max_steps / epochs (the cosine bends towards the new end)
     trim_memory: bool = True  # malloc_trim after every step (keeps a long CPU run's memory flat)
     extra: dict = field(default_factory=dict)
@@ -409,8 +410,7 @@ def train(cfg: TrainConfig, target=None) -> Path:
 
     from .data import load_target_by_name
 
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    apply_threads(cfg.threads or "auto")
     # Without a GPU, several processes (torchrun / accelerate launch) mean gloo on CPU: accelerate
     # only sets that up when told cpu=True.
     multi_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1

@@ -2,7 +2,7 @@
 # GPU checks, in sections; run from anywhere on a machine with one CUDA GPU (H100/H200), no network:
 #     bash scripts/gpu_check.sh            # results under ${OUT:-results}
 # Expected software: torch 2.11 (CUDA), triton 3.6, transformers 5.17, pytest.
-# The whole script stays under GPU_CHECK_LIMIT_S (default 470 s, i.e. < 8 min): each section has
+# The whole script stays under GPU_CHECK_LIMIT_S (default 590 s, i.e. < 10 min): each section has
 # its own time limit, cut to the time left, and is skipped (and counted failed) when none is left.
 # Each section logs to $OUT_DIR/<name>.log and adds a line to gpu_check_summary.txt; a failing
 # section does not stop the next one; the exit status is non-zero if any section failed.
@@ -16,7 +16,7 @@ PY="${PYTHON:-python}"
 SUMMARY="$OUT_DIR/gpu_check_summary.txt"
 : >"$SUMMARY"
 FAILED=0
-TOTAL_LIMIT="${GPU_CHECK_LIMIT_S:-470}"
+TOTAL_LIMIT="${GPU_CHECK_LIMIT_S:-590}"
 
 section() {  # section NAME SECONDS CMD...: run CMD with a time limit, log to $OUT_DIR/NAME.log
     local name="$1" limit="$2"

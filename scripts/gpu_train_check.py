@@ -65,8 +65,7 @@ def train_kind(kind_name: str, target, data: Path, train_shards: str, seconds: f
                bf16: bool, batch: int, max_len: int) -> tuple[dict, object]:
     """The trainer's step for ``seconds``; returns throughput figures and the head."""
     from peagle import kinds
-    from peagle.train.trainer import (TrainConfig, TrainSet, _seq_generator, global_batch, make_optimizer,
-                                      micro_batches, trainable)
+    from peagle.train.trainer import TrainConfig, TrainSet, _seq_generator, global_batch, make_optimizer, micro_batches, trainable
 
     kind = kinds.get(kind_name)
     cfg = TrainConfig(kind=kind_name, data=str(data), out=str(data / f"run_{kind_name}"), shards=train_shards,

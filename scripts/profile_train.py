@@ -30,8 +30,16 @@ if "peagle" not in sys.modules:  # scripts/train_speed.py imports another tree's
 
 from peagle.train.forward import eagle3_step, peagle_step  # noqa: E402
 from peagle.train.plan import pack, plan_eagle3, plan_peagle  # noqa: E402
-from peagle.train.trainer import (TrainConfig, TrainSet, _seq_generator, build_head, global_batch,  # noqa: E402
-                                  make_optimizer, micro_batches, trainable)
+from peagle.train.trainer import (  # noqa: E402
+    TrainConfig,
+    TrainSet,
+    _seq_generator,
+    build_head,
+    global_batch,
+    make_optimizer,
+    micro_batches,
+    trainable,
+)
 
 #: the shipped recipe (scripts/train_embedded.sh) per head kind
 RECIPE = {"peagle": dict(layers=4, intermediate_size=768, max_depth=8, cod_ratio=0.8, cod_min_ratio=0.2),

@@ -59,7 +59,7 @@ fi
 
 COMMON=(--data "$RUNS/data" --draft-vocab-size "$VOCAB" --epochs "$EPOCHS" --batch-size "$BATCH" --max-len 1024
         --micro-batch-tokens 4096 --lr 1e-3 --warmup-steps "$WARMUP" --checkpoint-every 20 --log-every 10
-        --mixed-precision bf16 --threads "$THREADS")   # bf16 autocast, fp32 master weights
+        --mixed-precision auto --threads "$THREADS")   # bf16 autocast where matmuls are native, else fp32
 [ -n "$TRAIN_SHARDS" ] && COMMON+=(--shards "$TRAIN_SHARDS")
 [ -n "$MAX_STEPS" ] && COMMON+=(--max-steps "$MAX_STEPS")
 [ -n "${TRAIN_ARGS:-}" ] && COMMON+=($TRAIN_ARGS)   # extra trainer options, e.g. TRAIN_ARGS=--no-trim-memory

@@ -115,3 +115,20 @@ def test_training_with_rms_resumes_bit_for_bit_and_saves_plain_weights(tmp_path)
     prompt = [[5, 9, 17, 33, 2, 71, 8, 90]]
     assert peagle.generate(target, head, prompt, draft_k=3, max_new_tokens=12).sequences == \
         peagle.generate(target, None, prompt, max_new_tokens=12).sequences
+
+
+def test_a_run_saved_before_auto_precision_resumes_where_auto_means_fp32(tmp_path, monkeypatch):
+    import json
+    from dataclasses import asdict
+
+    from peagle.train import trainer
+    from peagle.train.trainer import TrainConfig, check_resume_config
+
+    saved = asdict(TrainConfig(kind="peagle", data="d", out="o"))
+    del saved["mixed_precision"]  # written before the option existed: it ran in fp32
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"config": saved}))
+    monkeypatch.setattr(trainer, "resolve_mixed_precision", lambda m: "no" if m in ("auto", "no") else m)
+    check_resume_config(tmp_path, TrainConfig(kind="peagle", data="d", out="o"))  # saved: no key -> "no"
+    monkeypatch.setattr(trainer, "resolve_mixed_precision", lambda m: "bf16" if m in ("auto", "bf16") else m)
+    with pytest.raises(ValueError, match="mixed_precision"):
+        check_resume_config(tmp_path, TrainConfig(kind="peagle", data="d", out="o"))

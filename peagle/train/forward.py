@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..drafters.layers import rope_cos_sin
 from .attention import KeyGroup, packed_attention
-from .plan import Eagle3Plan, Group, Packed, PEaglePlan, plan_eagle3, plan_peagle, segments  # noqa: F401 (plan_*: old import path)
+from .plan import Eagle3Plan, Group, Packed, PEaglePlan, segments
 
 TTT_DECAY = 0.8  # EAGLE-3 loss weight of depth d: 0.8^d
 

@@ -331,8 +331,10 @@ def check_resume_config(path: Path, cfg: TrainConfig) -> None:
     # An option added after the checkpoint was written ran at its default then.
     defaults = {f.name: f.default for f in fields(TrainConfig)}
     allowed = RESUMABLE_CHANGES | ({"max_steps", "epochs"} if cfg.reschedule else set())
-    diff = {k: (saved.get(k, defaults[k]), v) for k, v in asdict(cfg).items()
-            if k not in allowed and saved.get(k, defaults[k]) != v}
+    # Checkpoints written before "auto" was the default hold "no": equal if "auto" resolves to it here.
+    same = lambda k, a, b: a == b or (k == "mixed_precision" and resolve_mixed_precision(a) == resolve_mixed_precision(b))
+    diff = {k: (saved.get(k, "no" if k == "mixed_precision" else defaults[k]), v) for k, v in asdict(cfg).items()
+            if k not in allowed and not same(k, saved.get(k, "no" if k == "mixed_precision" else defaults[k]), v)}
     if diff:
         hint = " (--reschedule allows a new --max-steps / --epochs)" if {"max_steps", "epochs"} & diff.keys() else ""
         raise ValueError(f"{path} was written with other options (saved, now): {diff}; resume with the same options "

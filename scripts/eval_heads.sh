@@ -16,6 +16,7 @@ OUT=${OUT:-runs/eval-heads}
 HEADS=()
 [ -n "${PEAGLE:-}" ] && HEADS+=(--peagle-head "$PEAGLE")
 [ -n "${EAGLE3:-}" ] && HEADS+=(--eagle3-head "$EAGLE3")
+[ -n "${DFLASH:-}" ] && HEADS+=(--dflash-head "$DFLASH")   # with ARMS=...,dflash
 NUM_HE=${NUM_HE:-164}
 NUM_MT=${NUM_MT:-80}
 BS_HE=${BS_HE:-41}

@@ -56,6 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-chat", dest="chat", action="store_false", help="feed prompts raw, without the chat template")
     p.add_argument("--peagle-head", help="trained P-EAGLE head for peagle.load_drafter (default: the shipped one)")
     p.add_argument("--eagle3-head", help="trained EAGLE-3 head for peagle.load_drafter (default: the shipped one)")
+    p.add_argument("--dflash-head", help="trained DFlash head directory for the dflash arm (default: a shipped one, if any)")
     p.add_argument("--threads", type=int, help="torch threads (default 0: peagle.machine.default_threads, 1 on a "
                                                 "2-core machine; --quick 1)")
     p.add_argument("--auto-rules", dest="auto_rules", default=AUTO_RULES[0],
@@ -174,11 +175,11 @@ def _run(args: argparse.Namespace, checked: dict) -> int:
     if "ngram" in arms:
         drafters["ngram"], heads["ngram"] = NgramDrafter(), "prompt lookup (no weights)"
     if "dflash" in arms:
-        dflash = _dflash_head(target)
+        dflash = _dflash_head(target, args.dflash_head)
         if isinstance(dflash, str):
             print(f"DFlash skipped: {dflash}", file=sys.stderr)
         else:
-            drafters["dflash"], heads["dflash"] = dflash, "trained: dflash"
+            drafters["dflash"], heads["dflash"] = dflash, f"trained: {args.dflash_head or 'dflash'}"
     llamacpp = _llamacpp_runner(args, target, threads) if any(a in INEXACT_ARMS for a in arms) else None
     if isinstance(llamacpp, str):
         print(f"llama.cpp arms skipped: {llamacpp}", file=sys.stderr)
@@ -234,8 +235,8 @@ def _run(args: argparse.Namespace, checked: dict) -> int:
     return 0
 
 
-def _dflash_head(target):
-    """The shipped DFlash head for this target, or why there is none (a string)."""
+def _dflash_head(target, path: str | None = None):
+    """The DFlash head at ``path`` (default: the shipped one) for this target, or why there is none (a string)."""
     import importlib.util
 
     import peagle
@@ -243,7 +244,7 @@ def _dflash_head(target):
     if importlib.util.find_spec("peagle.drafters.dflash") is None:
         return "peagle.drafters.dflash is not in this build"
     try:
-        drafter = peagle.load_drafter("dflash", target=target)
+        drafter = peagle.load_drafter(path or "dflash", target=target)
     except (FileNotFoundError, KeyError, ValueError) as exc:
         return f"no shipped DFlash head ({exc})"
     drafter.bind(target)

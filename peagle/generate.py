@@ -13,6 +13,7 @@ With ``drafter=None`` the same loop runs with no drafts: plain decoding.
 from __future__ import annotations
 
 import numbers
+import weakref
 from typing import Sequence
 
 import torch
@@ -74,7 +75,7 @@ def generate(
     """
     params = SamplingParams(temperature, top_k, top_p)
     prompt_ids, stop_ids, stop_strings = _check_inputs(target, drafter, prompts, chat, seed, stop, tree, max_new_tokens)
-    planner = make_planner(draft_k, tree, drafter)
+    planner = make_planner(draft_k, tree, drafter, target)
     _check_lengths(target, drafter, planner.max_draft_k, max_new_tokens, prompt_ids)
     timing = planner.needs_timing if timing is None else timing
     if not isinstance(timing, bool) or planner.needs_timing and not timing:
@@ -118,12 +119,34 @@ def generate(
     return GenerationOutput(outputs.sequences, outputs.texts(), stats.finish(new_tokens, clock.total()))
 
 
-def make_planner(draft_k, tree, drafter) -> Planner:
+#: target -> drafter -> {call shape: policy}: what "auto" learned, kept for the pair's next calls
+_LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _remembered(target, drafter, key, build):
+    """The policy an earlier call with the same (target, drafter, key) built, else ``build()``.
+    A short generate() call would otherwise pay the policy's exploration (a deep first draft,
+    probes) every time; pass a fresh DraftKPolicy / TreeSizePolicy to start from scratch."""
+    try:
+        per_drafter = _LEARNED.setdefault(target, weakref.WeakKeyDictionary()).setdefault(drafter, {})
+    except TypeError:  # not weak-referenceable: nothing is remembered
+        return build()
+    if key not in per_drafter:
+        per_drafter[key] = build()
+    return per_drafter[key]
+
+
+def make_planner(draft_k, tree, drafter, target=None) -> Planner:
     """The planner for one call: an integer draft_k and a fixed tree (or none) -> FixedPlanner;
     ``draft_k="auto"`` / a DraftKPolicy -> that policy; ``TreeConfig(num_nodes="auto")`` / a
-    TreeSizePolicy -> that policy, its trees ``draft_k`` deep."""
+    TreeSizePolicy -> that policy, its trees ``draft_k`` deep. With ``target``, "auto" reuses the
+    policy of the pair's earlier calls (same tree config and depth), so it keeps what it measured."""
     if drafter is None:
         return FixedPlanner(0)
+    if target is not None and isinstance(tree, TreeConfig) and tree.num_nodes == "auto":
+        tree = _remembered(target, drafter, ("tree", tree, str(draft_k)), lambda: make_tree_policy(tree))
+    if target is not None and isinstance(draft_k, str) and draft_k == "auto":
+        draft_k = _remembered(target, drafter, ("draft_k", tree), lambda: make_policy("auto", drafter))
     tree_policy = make_tree_policy(tree)
     if isinstance(draft_k, int) and not isinstance(draft_k, bool):
         if not draft_k >= 1:

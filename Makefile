@@ -17,9 +17,8 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed
 
-# The demo runs 8 arms on 4 prompts, 1 thread: 2 min 56 s of CPU time on the 2-core AMD EPYC, the
-# first run's one-time dtype measurement included (`time make demo`, set-up done); on a machine
-# other processes keep busy the wall time is longer (9 min 49 s at a load average of 9-10).
+# The demo runs 8 arms on 4 prompts, 1 thread: 2 min 33 s on the 2-core AMD EPYC with a benchmark
+# busy on the other core (`time peagle demo`, set-up done); the first run adds a ~20 s dtype measurement.
 demo: setup
 	@echo "peagle demo: about 3 minutes on an idle 2-core CPU (progress bar on stderr)"
 	$(BIN)/peagle demo

@@ -282,7 +282,6 @@ def save_eagle_layout(head, path: str | Path, kind=None, *, compact: bool = Fals
     compact: store only the embedding rows that differ from the target's (pass target= or
     reference_embedding=); the default writes the full table, as engines need.
     """
-    from safetensors.torch import save_file
 
     path = Path(path)
     kind = kinds.of(head) if kind is None else kinds.get(kind)
@@ -300,10 +299,19 @@ def save_eagle_layout(head, path: str | Path, kind=None, *, compact: bool = Fals
         tensors.pop("t2d", None)
     out_dtype = dtype or head.fc.weight.dtype
     config = config_to_dict(head.config, kind, out_dtype, compact=compact, target_name=target_name)
+    return write_head_dir(path, tensors, config)
+
+
+def write_head_dir(path: str | Path, tensors: dict[str, torch.Tensor], config: dict) -> Path:
+    """Write ``model.safetensors`` and ``config.json`` into ``path``, each atomically and readable
+    by others (0644: safetensors writes 0600, and engines and other users read heads)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tmp = path / (WEIGHTS + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.chmod(tmp, 0o644)  # safetensors writes 0600: a head is meant to be read by others (engines, users)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path / WEIGHTS)
     (path / "config.json.tmp").write_text(json.dumps(config, indent=2) + "\n")
     os.chmod(path / "config.json.tmp", 0o644)
@@ -334,15 +342,16 @@ def _reference_table(target, cfg_dict: dict) -> torch.Tensor:
                           f"target's): pass target= to rebuild the table (head trained for target {name!r})")
 
 
-def read_config(path: str | Path) -> dict:
-    """The config.json of a head directory, with errors that name the file."""
+def read_config(path: str | Path, error: type[ValueError] | None = None) -> dict:
+    """The config.json of a head directory, with errors that name the file (``error``: the
+    exception class for invalid JSON, default CheckpointError)."""
     cfg_path = Path(path) / "config.json"
     if not cfg_path.exists():
         raise FileNotFoundError(f"{cfg_path} does not exist: a head directory holds config.json and {WEIGHTS}")
     try:
         return json.loads(cfg_path.read_text())
     except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{cfg_path} is not valid JSON: {exc}") from exc
+        raise (error or CheckpointError)(f"{cfg_path} is not valid JSON: {exc}") from exc
 
 
 def kind_of_dir(path: str | Path, cfg_dict: dict | None = None) -> kinds.HeadKind:

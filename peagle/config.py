@@ -5,6 +5,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def layer_shape(target) -> dict[str, Any]:
+    """The target's decoder-layer shape, which draft heads copy (EAGLE and DFlash convention):
+    hidden_size, num_attention_heads, num_key_value_heads, head_dim, intermediate_size, rope_theta."""
+    tc = target.text_config
+    heads = int(tc.num_attention_heads)
+    rope_theta = getattr(tc, "rope_theta", None)
+    if rope_theta is None:
+        rope_theta = (getattr(tc, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    return dict(
+        hidden_size=target.hidden_size,
+        num_attention_heads=heads,
+        num_key_value_heads=int(getattr(tc, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(tc, "head_dim", None) or target.hidden_size // heads),
+        intermediate_size=int(getattr(tc, "intermediate_size", None) or 4 * target.hidden_size),
+        rope_theta=float(rope_theta),
+    )
+
+
 @dataclass(frozen=True)
 class DrafterConfig:
     hidden_size: int  # drafter width H (EAGLE heads use the target's hidden size)
@@ -57,24 +75,14 @@ class DrafterConfig:
         from .drafters.mask_token import choose_mask_token_id
 
         tc = target.text_config
-        heads = int(tc.num_attention_heads)
-        rope_theta = getattr(tc, "rope_theta", None)
-        if rope_theta is None:
-            rope_params = getattr(tc, "rope_parameters", None) or {}
-            rope_theta = rope_params.get("rope_theta", 10000.0)
         values = dict(
-            hidden_size=target.hidden_size,
-            num_attention_heads=heads,
-            num_key_value_heads=int(getattr(tc, "num_key_value_heads", None) or heads),
-            head_dim=int(getattr(tc, "head_dim", None) or target.hidden_size // heads),
-            intermediate_size=int(getattr(tc, "intermediate_size", None) or 4 * target.hidden_size),
+            **layer_shape(target),
             vocab_size=target.vocab_size,
             draft_vocab_size=draft_vocab_size or target.vocab_size,
             target_hidden_size=target.hidden_size,
             aux_layer_ids=target.aux_layer_ids,
             num_layers=num_layers,
             rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-5)),
-            rope_theta=float(rope_theta),
             max_position_embeddings=target.max_positions,
             mask_token_id=choose_mask_token_id(target) if mask_token_id is None else mask_token_id,
         )

@@ -23,8 +23,6 @@ grouped convolutions, a candidate selector, logit scaling, their own mask embedd
 """
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import torch
@@ -174,30 +172,19 @@ def validate_tensors(tensors: dict[str, torch.Tensor], c: DFlashConfig) -> None:
 
 def save_dflash(head: DFlashDrafter, path: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write ``config.json`` + ``model.safetensors`` into directory ``path`` (each atomically)."""
-    from safetensors.torch import save_file
+    from .checkpoint import write_head_dir
 
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     dtype = dtype or head.norm.weight.dtype
     tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items()}
     validate_tensors(tensors, head.config)
-    save_file(tensors, str(path / (WEIGHTS + ".tmp")), metadata={"format": "pt"})
-    os.chmod(path / (WEIGHTS + ".tmp"), 0o644)  # safetensors writes 0600: engines and other users read heads
-    os.replace(path / (WEIGHTS + ".tmp"), path / WEIGHTS)
-    (path / "config.json.tmp").write_text(json.dumps(config_to_dict(head.config, dtype), indent=2) + "\n")
-    os.chmod(path / "config.json.tmp", 0o644)
-    os.replace(path / "config.json.tmp", path / "config.json")
-    return path
+    return write_head_dir(path, tensors, config_to_dict(head.config, dtype))
 
 
 def read_config(path: str | Path) -> dict:
-    cfg_path = Path(path) / "config.json"
-    if not cfg_path.exists():
-        raise FileNotFoundError(f"{cfg_path} does not exist: a DFlash head directory holds config.json and {WEIGHTS}")
-    try:
-        return json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise DFlashCheckpointError(f"{cfg_path} is not valid JSON: {exc}") from exc
+    """config.json of a DFlash head directory (invalid JSON: DFlashCheckpointError)."""
+    from .checkpoint import read_config as read_head_config
+
+    return read_head_config(path, error=DFlashCheckpointError)
 
 
 def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:

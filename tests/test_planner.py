@@ -4,9 +4,9 @@ The expected choices below are what the policies chose before they became planne
 and peagle.autotree at commit e952916, with their own cost code), fed the synthetic streams
 defined here. To regenerate them (prints a JSON object: stream name -> choices):
 
-    mkdir -p /tmp/old/oldpeagle && touch /tmp/old/oldpeagle/__init__.py
-    for f in autok autotree tree; do git show e952916:peagle/$f.py > /tmp/old/oldpeagle/$f.py; done
-    PYTHONPATH=/tmp/old:tests .venv/bin/python - <<'PY'
+    OLD=$(mktemp -d) && mkdir "$OLD/oldpeagle" && touch "$OLD/oldpeagle/__init__.py"
+    for f in autok autotree tree; do git show e952916:peagle/$f.py > "$OLD/oldpeagle/$f.py"; done
+    PYTHONPATH="$OLD:tests" .venv/bin/python - <<'PY'
     import json, torch, test_planner as s
     from oldpeagle import autok, autotree, tree
     class Clock:  # the old policies timed "other" themselves: give them the stream's cycle seconds

@@ -246,7 +246,7 @@ def _dflash_head(target, path: str | None = None):
     try:
         drafter = peagle.load_drafter(path or "dflash", target=target)
     except (FileNotFoundError, KeyError, ValueError) as exc:
-        return f"no shipped DFlash head ({exc})"
+        return f"no DFlash head at {path} ({exc})" if path else f"no shipped DFlash head ({exc})"
     drafter.bind(target)
     return drafter
 

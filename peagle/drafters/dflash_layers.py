@@ -108,19 +108,12 @@ class DFlashConfig:
         """A head shaped like the target's layers, reading ``num_features`` (default: num_layers)
         target states spread as the public heads spread them (:func:`spaced_layer_ids`), with a
         mask token from :func:`peagle.drafters.mask_token.choose_mask_token_id`."""
+        from ..config import layer_shape
         from .mask_token import choose_mask_token_id
 
         tc = target.text_config
-        heads = int(tc.num_attention_heads)
-        rope_theta = getattr(tc, "rope_theta", None)
-        if rope_theta is None:
-            rope_theta = (getattr(tc, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
         values = dict(
-            hidden_size=target.hidden_size,
-            num_attention_heads=heads,
-            num_key_value_heads=int(getattr(tc, "num_key_value_heads", None) or heads),
-            head_dim=int(getattr(tc, "head_dim", None) or target.hidden_size // heads),
-            intermediate_size=int(getattr(tc, "intermediate_size", None) or 4 * target.hidden_size),
+            **layer_shape(target),
             num_layers=num_layers,
             vocab_size=target.vocab_size,
             target_hidden_size=target.hidden_size,
@@ -129,7 +122,6 @@ class DFlashConfig:
             block_size=block_size,
             num_target_layers=target.num_layers,
             rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
-            rope_theta=float(rope_theta),
             max_position_embeddings=target.max_positions,
         )
         values.update(overrides)

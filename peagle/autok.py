@@ -22,6 +22,8 @@ tokens per row costs more than the drafts earn, the policy decodes plainly. Ever
 cycles one cycle drafts one or two tokens deeper or shallower than the choice, so the local slope of
 the costs and the acceptance around the choice stay measured (near the optimum such a probe costs
 next to nothing); every ``plain_every`` cycles one cycle is a plain step, which keeps V(1) measured.
+While plain decoding is the choice, a probe (k = 1, then 2, alternately) costs more than it earns,
+so probes back off: 2, 4, 8, 8, ... ``probe_every`` cycles apart, as ``peagle.autotree`` does.
 
 A batch of rows that share a budget finishes with its slowest row: a cycle costs T(k, B) whichever
 rows gain from it, and a row whose drafts are rarely right needs more cycles than the mean. So by
@@ -100,6 +102,8 @@ class DraftKPolicy:
         self._row_spans: dict = defaultdict(list)  # row -> its completed spans in this generate() call
         self.min_spans = 16
         self.history: list[int] = []  # k chosen each cycle (before generate() caps it at the budget)
+        self._plain_probes = 0  # probes since plain decoding became the choice
+        self._next_plain_probe = 2 * probe_every  # cycle of the next such probe
 
     #: the Planner protocol (peagle.planner)
     needs_timing = True
@@ -196,13 +200,20 @@ class DraftKPolicy:
             k = seed[cycles]
         else:
             k = self.costs.refit(batch.size, lambda: self.best_k(batch.size, batch.remaining))
-            # While decoding plainly, probe half as often: each probe then costs more than it earns.
-            every = self.probe_every * (2 if k == 0 else 1)
-            if cycles % every == 0:  # probe around the choice: +1, -1, +2, -2, ...
-                step = (1, -1, 2, -2)[(cycles // every) % 4]
-                k = min(self.max_k, max(self.min_k, 1, max(k, 1) + step))
-            elif self.min_k == 0 and k > 0 and cycles % self.plain_every == self.plain_every - 1:
-                k = 0  # keep V(1) measured
+            if k == 0:
+                # Decoding plainly: each probe costs more than it earns, so draft one or two tokens
+                # after 2, 4, 8, 8, ... probe_every cycles while plain decoding stays best.
+                if cycles >= self._next_plain_probe:
+                    k = min(self.max_k, 1 + self._plain_probes % 2)
+                    self._plain_probes += 1
+                    self._next_plain_probe = cycles + self.probe_every * min(2 ** self._plain_probes, 8)
+            else:
+                self._plain_probes, self._next_plain_probe = 0, cycles + 2 * self.probe_every
+                if cycles % self.probe_every == 0:  # probe around the choice: +1, -1, +2, -2, ...
+                    step = (1, -1, 2, -2)[(cycles // self.probe_every) % 4]
+                    k = min(self.max_k, max(self.min_k, 1, k + step))
+                elif self.min_k == 0 and cycles % self.plain_every == self.plain_every - 1:
+                    k = 0  # keep V(1) measured
         self.history.append(k)
         return CyclePlan(k)
 

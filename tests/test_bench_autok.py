@@ -166,6 +166,20 @@ def test_plain_steps_are_probed_only_when_allowed():
         DraftKPolicy(plain_every=1)
 
 
+def test_probes_back_off_while_plain_decoding_is_best():
+    # A drafter that is never right, CPU-like costs: verifying k + 1 tokens costs 50 + 20k ms.
+    policy = DraftKPolicy(max_k=8)
+    for _ in range(300):
+        k = choose(policy, 1)
+        observe(policy, k, 1, 0.003 * k, 0.050 + 0.020 * k, [0])
+    assert policy.best_k(1) == 0
+    late = policy.history[-200:]
+    assert sum(1 for k in late if k) <= 8  # one probe every 32 cycles (probe_every 4), not every 8
+    assert set(late) <= {0, 1, 2}  # a probe drafts one or two tokens, the cheapest that can pay
+    gaps = [i for i, k in enumerate(policy.history) if k and i >= 4]
+    assert [b - a for a, b in zip(gaps, gaps[1:])][:3] == [8, 16, 32]  # backing off 2x per probe
+
+
 def test_cost_model_trades_acceptance_against_sequential_draft_cost():
     # acceptance 0.8 per position; EAGLE-3-like cost 10 ms per drafted token vs P-EAGLE-like flat 6 ms
     def accepted(k, a=0.8):

@@ -85,6 +85,15 @@ def test_cached_features_are_the_targets_own(target, tmp_path):
     torch.testing.assert_close(one, two, atol=1e-5, rtol=1e-5)
 
 
+def test_feature_cache_of_chosen_shards_only(target, tmp_path):
+    # Disjoint shard sets can be cached by parallel processes; the union equals one full pass.
+    make_tiny_data(target, tmp_path / "d", num_prompts=8, prompt_len=6, new_tokens=5, shard_size=4)
+    features = build_cache(target, tmp_path / "d", show_progress=False, shards={1})
+    assert sorted(p.name for p in features.iterdir()) == ["00001"]
+    build_cache(target, tmp_path / "d", show_progress=False)
+    assert sorted(p.name for p in features.iterdir()) == ["00000", "00001"]
+
+
 def test_draft_vocabulary_is_top_n_by_answer_frequency(tmp_path, target):
     counts = torch.tensor([5, 0, 9, 9, 1, 7])
     assert top_n_vocab(counts, 3).tolist() == [2, 3, 5]

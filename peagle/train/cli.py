@@ -95,18 +95,20 @@ def _add_features(p: argparse.ArgumentParser) -> None:
     p.add_argument("--aux-layers", default=None,
                    help="comma list of target layers to cache (inputs of those layers; default: the target's "
                         "EAGLE-3 layers). One cache can serve several head kinds: list the union.")
+    p.add_argument("--shards", default=None,
+                   help="data shards to cache, e.g. 6-11 or 0,3 (default: all); disjoint sets can run in parallel")
 
 
 def _run_features(args) -> int:
 
-    from .data import load_target_by_name
+    from .data import load_target_by_name, parse_shards
     from .features import build_cache
 
     apply_threads(args.threads or "auto")
     target = load_target_by_name(args.target, args.dtype)
     if args.aux_layers:
         target.set_aux_layer_ids([int(x) for x in args.aux_layers.split(",")])
-    print(build_cache(target, args.data))
+    print(build_cache(target, args.data, shards=parse_shards(args.shards)))
     return 0
 
 

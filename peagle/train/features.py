@@ -118,8 +118,9 @@ def cache_shard(target: Target, rows: list[list[int]], out_dir: Path, batch_toke
     return meta
 
 
-def build_cache(target: Target, data_dir: str | Path, out: str | Path | None = None, show_progress: bool = True) -> Path:
-    """Features of every complete data shard into ``out`` (default DATA/features); resumable."""
+def build_cache(target: Target, data_dir: str | Path, out: str | Path | None = None, show_progress: bool = True,
+                shards: set[int] | None = None) -> Path:
+    """Features of every complete data shard (or of ``shards`` only) into ``out`` (default DATA/features); resumable."""
     from datasets import load_from_disk
     from tqdm.auto import tqdm
 
@@ -128,7 +129,7 @@ def build_cache(target: Target, data_dir: str | Path, out: str | Path | None = N
     data_dir = Path(data_dir)
     out = Path(out) if out is not None else data_dir / "features"
     out.mkdir(parents=True, exist_ok=True)
-    metas = shard_metadata(data_dir)
+    metas = [m for m in shard_metadata(data_dir) if shards is None or m["shard"] in shards]
     for m in tqdm(metas, desc="features", unit="shard", disable=not show_progress):
         dest = out / f"{m['shard']:05d}"
         if (dest / "meta.json").exists():

@@ -22,8 +22,10 @@ tokens per row costs more than the drafts earn, the policy decodes plainly. Ever
 cycles one cycle drafts one or two tokens deeper or shallower than the choice, so the local slope of
 the costs and the acceptance around the choice stay measured (near the optimum such a probe costs
 next to nothing); every ``plain_every`` cycles one cycle is a plain step, which keeps V(1) measured.
-While plain decoding is the choice, a probe (k = 1, then 2, alternately) costs more than it earns,
-so probes back off: 2, 4, 8, 8, ... ``probe_every`` cycles apart, as ``peagle.autotree`` does.
+While plain decoding is the choice, a probe (k = 1) costs more than it earns, so probes back off:
+2, 4, 8, 16, 16, ... ``probe_every`` cycles apart, as ``peagle.autotree`` does. Until ``min_spans``
+spans are recorded, the choice is at most one position deeper than the deepest position judged so
+far: beyond it E(k) is the prior alone, and on a CPU one such deep cycle costs several plain steps.
 
 A batch of rows that share a budget finishes with its slowest row: a cycle costs T(k, B) whichever
 rows gain from it, and a row whose drafts are rarely right needs more cycles than the mean. So by
@@ -66,7 +68,8 @@ class DraftKPolicy:
         max_k: deepest draft_k considered (generate() caps it by the drafter's max_draft_k).
         min_k: shallowest draft_k considered; 0 allows plain-decoding cycles.
         window: recent cycles kept per batch size for the cost estimates.
-        decay: per-cycle decay of the acceptance counts (0.99 ~ the last few hundred cycles).
+        decay: per-drafting-cycle decay of the acceptance counts (0.99 ~ the last few hundred
+            drafting cycles; plain cycles leave them as they are).
         prior: Beta(prior_accept, prior_reject) pseudo-counts for position 1; deeper positions use
             the same weight around the estimate of the position before them.
         probe_every: every this many cycles, draft a little deeper or shallower than the choice.
@@ -186,6 +189,10 @@ class DraftKPolicy:
             cycles_to_finish = (left[:, None] / per_row).amax(0)  # [max_k + 1]
             rate = 1.0 / (cycles_to_finish * t)
         rate[: self.min_k] = -1.0
+        if len(self._spans) < self.min_spans:
+            # Few drafts judged yet: E(k) past the deepest position ever judged is the prior alone,
+            # so plan at most one position deeper (probes go further).
+            rate[int((self.tested > 0).sum()) + 2:] = -1.0
         return int(rate.argmax())
 
     # -- the Planner protocol ----------------------------------------------------------
@@ -201,12 +208,13 @@ class DraftKPolicy:
         else:
             k = self.costs.refit(batch.size, lambda: self.best_k(batch.size, batch.remaining))
             if k == 0:
-                # Decoding plainly: each probe costs more than it earns, so draft one or two tokens
-                # after 2, 4, 8, 8, ... probe_every cycles while plain decoding stays best.
+                # Decoding plainly: each probe costs more than it earns, so draft one token (the
+                # cheapest test of whether drafting pays) after 2, 4, 8, 16, 16, ... probe_every
+                # cycles while plain decoding stays best.
                 if cycles >= self._next_plain_probe:
-                    k = min(self.max_k, 1 + self._plain_probes % 2)
+                    k = 1
                     self._plain_probes += 1
-                    self._next_plain_probe = cycles + self.probe_every * min(2 ** self._plain_probes, 8)
+                    self._next_plain_probe = cycles + self.probe_every * min(2 ** self._plain_probes, 16)
             else:
                 self._plain_probes, self._next_plain_probe = 0, cycles + 2 * self.probe_every
                 if cycles % self.probe_every == 0:  # probe around the choice: +1, -1, +2, -2, ...
@@ -222,8 +230,9 @@ class DraftKPolicy:
         row's accepted drafts with the rows' ids (spans are kept per row; rows None: no spans)."""
         draft_k = cycle.plan.draft_k
         self.costs.record(draft_k, cycle.batch_size, cycle.draft_s, cycle.verify_s, cycle.cycle_s)
-        self.tested.mul_(self.decay)
-        self.accepted.mul_(self.decay)
+        if draft_k > 0:  # evidence fades with drafting, not with time: a plain cycle teaches nothing
+            self.tested.mul_(self.decay)
+            self.accepted.mul_(self.decay)
         counts = [min(max(n, 0), draft_k) for n in cycle.accepted_counts()]
         for row, accepted in zip(cycle.rows if cycle.rows is not None else [], counts):
             if draft_k == 0:  # nothing drafted: the span (if any) is unknowable, drop it

@@ -53,7 +53,20 @@ class Batch:
         self.rows = list(range(len(last_token)))  # original row index of each batch row
         self.last_token = last_token  # [B] the last emitted token
         self.history, self.history_lens = history, history_lens  # [B, L] -1 padded, [B]
-        self.pending = pending  # tokens, hidden, positions [B, T(, A)], num_new [B]
+        # Context pairs queued for the drafter: one block per cycle since it last drafted, merged only
+        # when it reads them (a plain cycle must not copy the growing queue). Each block: tokens,
+        # hidden, positions [B, T(, A)], num_new [B].
+        self._blocks = [pending]
+
+    @property
+    def pending(self) -> dict:
+        """The queued context pairs as one left-aligned block (see ``_append_pairs``)."""
+        if len(self._blocks) > 1:
+            merged = self._blocks[0]
+            for block in self._blocks[1:]:
+                merged = _append_pairs(merged, block)
+            self._blocks = [merged]
+        return self._blocks[0]
 
     @property
     def size(self) -> int:
@@ -68,7 +81,7 @@ class Batch:
         self.state.select(index)
         if self.drafter is not None:
             self.drafter.select_rows(index)
-            self.pending = {k: v[index] for k, v in self.pending.items()}
+            self._blocks = [{k: v[index] for k, v in block.items()} for block in self._blocks]
         self.rows = [self.rows[i] for i in keep]
         self.last_token, self.history, self.history_lens = self.last_token[index], self.history[index], self.history_lens[index]
 
@@ -94,7 +107,7 @@ class Batch:
         width = max(result.accepted_counts()) + 1  # host-side already: no extra device sync
         new = dict(tokens=tokens[:, :width].clamp_min(0), hidden=result.aux[:, :width],
                    positions=result.positions[:, :width], num_new=result.num_emitted)
-        self.pending = new if result.plan.draft_k > 0 else _append_pairs(self.pending, new)
+        self._blocks = [new] if result.plan.draft_k > 0 else self._blocks + [new]
 
 
 def prefill(target: Target, drafter, prompt_ids: list[list[int]], params: SamplingParams,

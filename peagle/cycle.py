@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -115,11 +116,14 @@ class DraftCall:
         self.drafter, self.vocab_size, self.device = drafter, vocab_size, device
         self._range_checked = False
 
-    def __call__(self, step: DraftStep, plan: CyclePlan, clock: Clock) -> tuple[Draft | DraftTree | None, float]:
-        """(the drafts, or None for a plain step; seconds inside the drafter)."""
+    def __call__(self, plan: CyclePlan, next_step: Callable[[], DraftStep], clock: Clock
+                 ) -> tuple[Draft | DraftTree | None, float]:
+        """(the drafts, or None for a plain step; seconds inside the drafter). ``next_step`` builds
+        the drafter's input, only when the plan drafts."""
         if plan.draft_k == 0:
             return None, 0.0
         clock.start(wait=True)
+        step = next_step()  # merging the context queued by plain cycles is drafting's cost
         if plan.tree is not None:
             out = self.drafter.draft_tree(step, plan.tree.depth(plan.draft_k), plan.tree)
             seconds = clock.lap()

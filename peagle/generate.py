@@ -101,7 +101,7 @@ def generate(
         info = batch.info(outputs)
         plan = planner.choose(info).capped(max(info.remaining.values()) - 1)
         # 2. draft
-        draft, draft_s = call_drafter(batch.draft_step(params, generator), plan, clock)
+        draft, draft_s = call_drafter(plan, lambda: batch.draft_step(params, generator), clock)
         # 3. verify
         clock.start()
         result = verify(batch.state, batch.last_token, draft, plan, params, generator)

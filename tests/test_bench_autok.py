@@ -157,7 +157,8 @@ def test_a_measured_plain_step_beats_the_extrapolated_one():
 def test_plain_steps_are_probed_only_when_allowed():
     policy = DraftKPolicy(max_k=8, plain_every=8)
     _feed(policy, 4, lambda k: 0.001, lambda k: 0.05, lambda k: k, times=40)
-    assert policy.best_k(1) == 8 and policy.history[:4] == [4, 8, 1, 0]
+    # every draft accepted, so no span has ended: at most one position past the deepest judged (4)
+    assert policy.best_k(1) == 5 and policy.history[:4] == [4, 8, 1, 0]
     assert policy.history[4:].count(0) == 5  # one plain step in every 8 cycles: 7, 15, 23, 31, 39
     strict = DraftKPolicy(max_k=8, min_k=1, plain_every=8)
     _feed(strict, 4, lambda k: 0.001, lambda k: 0.05, lambda k: k, times=40)
@@ -174,10 +175,22 @@ def test_probes_back_off_while_plain_decoding_is_best():
         observe(policy, k, 1, 0.003 * k, 0.050 + 0.020 * k, [0])
     assert policy.best_k(1) == 0
     late = policy.history[-200:]
-    assert sum(1 for k in late if k) <= 8  # one probe every 32 cycles (probe_every 4), not every 8
-    assert set(late) <= {0, 1, 2}  # a probe drafts one or two tokens, the cheapest that can pay
-    gaps = [i for i, k in enumerate(policy.history) if k and i >= 4]
-    assert [b - a for a, b in zip(gaps, gaps[1:])][:3] == [8, 16, 32]  # backing off 2x per probe
+    assert sum(1 for k in late if k) <= 4  # one probe every 64 cycles (probe_every 4), not every 8
+    assert set(late) <= {0, 1}  # a probe drafts one token, the cheapest test
+    probes = [i for i, k in enumerate(policy.history) if k and i >= 4]
+    assert [b - a for a, b in zip(probes, probes[1:])][:4] == [8, 16, 32, 64]  # backing off 2x per probe
+
+
+def test_no_plan_deeper_than_one_past_the_deepest_judged_position_before_spans_exist():
+    # Costs flat in k (a CPU verifying a few tokens), the first drafts all right: the per-position
+    # prior alone would plan max_k; one position past what was judged is what may be trusted.
+    policy = DraftKPolicy(max_k=16)
+    _feed(policy, 3, lambda k: 0.001, lambda k: 0.05, lambda k: k, times=6)
+    assert len(policy._spans) == 0 and policy.best_k(1) == 4
+    for _ in range(20):  # spans of 14 tokens end (3 cycles right, then a miss): the cap lifts
+        for accepted in (3, 3, 3, 1):
+            observe(policy, 3, 1, 0.001, 0.05, [accepted], rows=[0])
+    assert policy.best_k(1) > 4
 
 
 def test_cost_model_trades_acceptance_against_sequential_draft_cost():

@@ -1,0 +1,81 @@
+"""Held-out acceptance length against training hours (one torch thread) for each head kind, as one PNG.
+
+    python scripts/plot_acceptance_hours.py --points docs/img/acceptance_vs_hours.json \
+        --dflash-run runs/dflash2 --out docs/img/acceptance_vs_hours.png
+
+``--points`` holds the curves measured earlier (kind -> list of {"steps", "hours", "acceptance"});
+``--dflash-run`` adds a DFlash run's points: every ``eval_step_*.json`` in the run directory
+(`peagle train evaluate --head RUN/checkpoints/step_N/head ... --out RUN/eval_step_N.json`), placed at the wall-clock hours its ``log.jsonl`` records for
+that step. The merged points are written back to ``--points``, so the figure can be redrawn alone.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+
+def run_hours(run: Path) -> dict[int, float]:
+    """step -> hours since the run's first logged step (plus that step's share), from log.jsonl."""
+    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
+    by_step = {r["step"]: r["time"] for r in records}  # a resumed run logs some steps again: the latest
+    steps = sorted(by_step)
+    if len(steps) < 2:
+        raise ValueError(f"{run}/log.jsonl needs two logged steps to time the run")
+    per_step = (by_step[steps[-1]] - by_step[steps[0]]) / (steps[-1] - steps[0])
+    t0 = by_step[steps[0]] - per_step * steps[0]  # the first logged step's own steps, at the mean rate
+    return {s: (t - t0) / 3600 for s, t in by_step.items()}
+
+
+def dflash_points(run: Path) -> list[dict]:
+    hours = run_hours(run)
+    points = []
+    for path in sorted(run.glob("eval_step_*.json")):
+        step = int(re.search(r"eval_step_(\d+)", path.name).group(1))
+        result = json.loads(path.read_text())
+        result = result[0] if isinstance(result, list) else result
+        if step not in hours:
+            raise ValueError(f"{run}/log.jsonl has no record of step {step} (checkpoint steps must be logged steps)")
+        points.append({"steps": step, "hours": round(hours[step], 3), "acceptance": round(result["acceptance_length"], 3)})
+    return points
+
+
+def plot(points: dict[str, list[dict]], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for kind, pts in points.items():
+        pts = sorted(pts, key=lambda p: p["hours"])
+        ax.plot([p["hours"] for p in pts], [p["acceptance"] for p in pts], marker="o", label=kind)
+    ax.set_xscale("log")
+    ax.set_xlabel("training hours, one torch thread (log scale)")
+    ax.set_ylabel("held-out acceptance length, draft_k 7")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--points", required=True, type=Path, help="JSON: kind -> [{steps, hours, acceptance}]")
+    p.add_argument("--dflash-run", type=Path, help="a `peagle train dflash` run with eval_step_*.json files")
+    p.add_argument("--label", default="DFlash", help="the DFlash run's curve name")
+    p.add_argument("--out", required=True, type=Path)
+    args = p.parse_args(argv)
+    points = json.loads(args.points.read_text())
+    if args.dflash_run is not None:
+        points[args.label] = dflash_points(args.dflash_run)
+        args.points.write_text(json.dumps(points, indent=1) + "\n")
+    print(plot(points, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -22,7 +22,7 @@ batch size (``peagle.costmodel``, shared with ``peagle.autok``); T(0) is a measu
 
 Above the largest budget verified recently E(n) is unknown, so every ``probe_every`` cycles one
 cycle verifies a bigger tree (1.5 n* + 1), and every ``plain_every`` cycles one is a plain step.
-While n* = 0 (no tree pays) the best budget >= 1 is tried after 1, 2, 4, 8, 8, ... ``probe_every``
+While n* = 0 (no tree pays) the best budget >= 1 is tried after 1, 2, 4, 8, 16, 16, ... ``probe_every``
 cycles: each such probe costs more than it earns, and a run that decodes plainly should pay
 little for staying ready to draft.
 Worked example, measured on a CPU without AMX (docs/benchmarks.md, "Small trees", P-EAGLE at
@@ -137,11 +137,11 @@ class TreeSizePolicy:
             n = self.costs.refit(size, lambda: self.best_nodes(size))
             if n == 0:
                 # Decoding plainly: try the best tree now and then (a probe costs more than it earns
-                # here), backing off 2x per probe up to 8 probe_every while plain stays best.
+                # here), backing off 2x per probe up to 16 probe_every while plain stays best.
                 if cycles >= self._next_plain_probe:
                     n = self.best_nodes(size, min_nodes=1)
                     self._plain_probes += 1
-                    self._next_plain_probe = cycles + self.probe_every * min(2 ** self._plain_probes, 8)
+                    self._next_plain_probe = cycles + self.probe_every * min(2 ** self._plain_probes, 16)
             else:
                 self._plain_probes, self._next_plain_probe = 0, cycles + self.probe_every
                 if cycles % self.probe_every == 0:

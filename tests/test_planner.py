@@ -5,7 +5,8 @@ and peagle.autotree at commit e952916, with their own cost code), fed the synthe
 defined here. Two DraftKPolicy rules changed two draft_k streams since: while plain decoding is best
 its probes (k = 1) back off, 8, 16, 32, 64 cycles apart ("useless"), and before 16 spans have
 ended it plans at most one position past the deepest judged ("parallel_shrinking": 8 9 9 9 where
-it planned 11 12 12 12); those two are the current policy's choices.
+it planned 11 12 12 12); TreeSizePolicy's back-off now reaches 64 cycles too (tree "useless").
+Those three are the current policies' choices.
 To regenerate the e952916 choices (prints a JSON object: stream name -> choices):
 
     OLD=$(mktemp -d) && mkdir "$OLD/oldpeagle" && touch "$OLD/oldpeagle/__init__.py"
@@ -212,9 +213,9 @@ EXPECTED_NODES = {
         "20 24 13 13 13 24 13 13 13 24 20 20 20 24 16 16 16 24 16 16 20 24 16 20 20 24 16"),
     "useless": (
         "8 16 2 0 1 0 0 0 0 0 0 0 1 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 1 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 "
-        "0 0 0 0 0 0 0 0 0 0 0 0 1 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 1 0 0 0 "
+        "0 0 0 0 0 0 0 0 0 0 0 0 1 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 "
         "0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 1 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 "
-        "0 0 0 0 0 0 0 0 0 0 0 0 1 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 1 0 0 0 "
+        "0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 1 0 0 0 "
         "0 0 0 0 0 0 0 0"),
 }
 

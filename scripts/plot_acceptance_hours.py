@@ -41,7 +41,7 @@ def dflash_points(run: Path) -> list[dict]:
     return points
 
 
-def plot(points: dict[str, list[dict]], out: Path) -> Path:
+def plot(points: dict[str, list[dict]], out: Path, speedups: dict[str, float] | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,7 +50,10 @@ def plot(points: dict[str, list[dict]], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for kind, pts in points.items():
         pts = sorted(pts, key=lambda p: p["hours"])
-        ax.plot([p["hours"] for p in pts], [p["acceptance"] for p in pts], marker="o", label=kind)
+        line, = ax.plot([p["hours"] for p in pts], [p["acceptance"] for p in pts], marker="o", label=kind)
+        if kind in (speedups or {}):  # the same steps at a faster trainer's cost per step
+            ax.plot([p["hours"] / speedups[kind] for p in pts], [p["acceptance"] for p in pts], linestyle="--",
+                    color=line.get_color(), label=f"{kind}, steps at {speedups[kind]:g}x the speed")
     ax.set_xscale("log")
     ax.set_xlabel("training hours, one torch thread (log scale)")
     ax.set_ylabel("held-out acceptance length, draft_k 7")
@@ -67,13 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--points", required=True, type=Path, help="JSON: kind -> [{steps, hours, acceptance}]")
     p.add_argument("--dflash-run", type=Path, help="a `peagle train dflash` run with eval_step_*.json files")
     p.add_argument("--label", default="DFlash", help="the DFlash run's curve name")
+    p.add_argument("--speedup", default="", help="e.g. P-EAGLE=1.42,EAGLE-3=1.65: also draw those curves "
+                                                "dashed, their steps at that many times the speed")
     p.add_argument("--out", required=True, type=Path)
     args = p.parse_args(argv)
+    speedups = {k: float(v) for k, v in (item.split("=") for item in args.speedup.split(",") if item)}
     points = json.loads(args.points.read_text())
     if args.dflash_run is not None:
         points[args.label] = dflash_points(args.dflash_run)
         args.points.write_text(json.dumps(points, indent=1) + "\n")
-    print(plot(points, args.out))
+    print(plot(points, args.out, speedups))
     return 0
 
 

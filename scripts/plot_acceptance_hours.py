@@ -41,7 +41,7 @@ def dflash_points(run: Path) -> list[dict]:
     return points
 
 
-def plot(points: dict[str, list[dict]], out: Path, speedups: dict[str, float] | None = None) -> Path:
+def plot(points: dict[str, list[dict]], out: Path, step_seconds: dict[str, float] | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -51,14 +51,15 @@ def plot(points: dict[str, list[dict]], out: Path, speedups: dict[str, float] | 
     for kind, pts in points.items():
         pts = sorted(pts, key=lambda p: p["hours"])
         line, = ax.plot([p["hours"] for p in pts], [p["acceptance"] for p in pts], marker="o", label=kind)
-        if kind in (speedups or {}):  # the same steps at a faster trainer's cost per step
-            ax.plot([p["hours"] / speedups[kind] for p in pts], [p["acceptance"] for p in pts], linestyle="--",
-                    color=line.get_color(), label=f"{kind}, steps at {speedups[kind]:g}x the speed")
+        if kind in (step_seconds or {}):  # the same steps at another measured cost per step
+            sec = step_seconds[kind]
+            ax.plot([p["steps"] * sec / 3600 for p in pts], [p["acceptance"] for p in pts], linestyle="--",
+                    color=line.get_color(), label=f"{kind}, its steps at {sec:g} s each")
     ax.set_xscale("log")
     ax.set_xlabel("training hours, one torch thread (log scale)")
     ax.set_ylabel("held-out acceptance length, draft_k 7")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(loc="lower right")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
@@ -70,16 +71,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--points", required=True, type=Path, help="JSON: kind -> [{steps, hours, acceptance}]")
     p.add_argument("--dflash-run", type=Path, help="a `peagle train dflash` run with eval_step_*.json files")
     p.add_argument("--label", default="DFlash", help="the DFlash run's curve name")
-    p.add_argument("--speedup", default="", help="e.g. P-EAGLE=1.42,EAGLE-3=1.65: also draw those curves "
-                                                "dashed, their steps at that many times the speed")
+    p.add_argument("--step-seconds", default="", help="e.g. P-EAGLE=9.5,EAGLE-3=4.1: also draw those curves "
+                                                     "dashed, each step at that many seconds")
     p.add_argument("--out", required=True, type=Path)
     args = p.parse_args(argv)
-    speedups = {k: float(v) for k, v in (item.split("=") for item in args.speedup.split(",") if item)}
+    step_seconds = {k: float(v) for k, v in (item.split("=") for item in args.step_seconds.split(",") if item)}
     points = json.loads(args.points.read_text())
     if args.dflash_run is not None:
         points[args.label] = dflash_points(args.dflash_run)
         args.points.write_text(json.dumps(points, indent=1) + "\n")
-    print(plot(points, args.out, speedups))
+    print(plot(points, args.out, step_seconds))
     return 0
 
 

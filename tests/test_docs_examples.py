@@ -4,6 +4,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+import torch
+
 import peagle
 from tiny_models import tiny_model
 
@@ -39,3 +42,19 @@ def test_custom_drafter_doc_example():
     assert [len(s) for s in sampled.sequences] == [20, 20]
     auto = peagle.generate(target, drafter, prompts, draft_k="auto", max_new_tokens=40)
     assert auto.sequences == plain.sequences
+
+
+@pytest.mark.slow
+def test_readme_notebook_snippet_runs_as_written():
+    """README's "In a notebook" block, with shorter answers: the embedded target and shipped heads."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    code = re.search(r"## In a notebook.*?```python\n(.*?)```", readme, re.S).group(1)
+    code = code.replace("max_new_tokens=256", "max_new_tokens=12")
+    namespace: dict = {}
+    exec(code, namespace)
+    out, target = namespace["out"], namespace["target"]
+    assert len(out.texts) == 2 and all(len(s) <= 12 for s in out.sequences)
+    assert isinstance(target.dtype_reason, str) and isinstance(target.threads_reason, str)
+    plain = peagle.generate(target, None, ["def fib(n):", "Explain RoPE."], chat=True, max_new_tokens=12)
+    if target.dtype == torch.float32:  # exact in fp32 (bf16 may part at near-ties)
+        assert out.sequences == plain.sequences

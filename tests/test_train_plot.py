@@ -44,7 +44,7 @@ def test_acceptance_against_hours_places_checkpoints_at_their_logged_time(tmp_pa
     (run / "eval_step_0000040.json").write_text(json.dumps([{"acceptance_length": 1.5}]))
     points = tmp_path / "points.json"
     points.write_text(json.dumps({"EAGLE-3": [{"steps": 190, "hours": 0.75, "acceptance": 1.387}]}))
-    assert script.main(["--points", str(points), "--dflash-run", str(run), "--speedup", "EAGLE-3=1.65",
+    assert script.main(["--points", str(points), "--dflash-run", str(run), "--step-seconds", "EAGLE-3=4.5",
                         "--out", str(tmp_path / "a.png")]) == 0
     merged = json.loads(points.read_text())
     assert merged["DFlash"] == [{"steps": 20, "hours": 0.02, "acceptance": 1.25}, {"steps": 40, "hours": 0.04, "acceptance": 1.5}]

@@ -23,7 +23,8 @@ cycles one cycle drafts one or two tokens deeper or shallower than the choice, s
 the costs and the acceptance around the choice stay measured (near the optimum such a probe costs
 next to nothing); every ``plain_every`` cycles one cycle is a plain step, which keeps V(1) measured.
 While plain decoding is the choice, a probe (k = 1) costs more than it earns, so probes back off:
-2, 4, 8, 16, 16, ... ``probe_every`` cycles apart, as ``peagle.autotree`` does. Until ``min_spans``
+the first 2 ``probe_every`` cycles after the last drafting choice, then 2, 4, 8, 16, 16, ...
+``probe_every`` apart (``peagle.costmodel.PlainProbes``, shared with ``peagle.autotree``). Until ``min_spans``
 spans are recorded, the choice is at most one position deeper than the deepest position judged so
 far: beyond it E(k) is the prior alone, and on a CPU one such deep cycle costs several plain steps.
 
@@ -51,7 +52,7 @@ from collections import defaultdict, deque
 
 import torch
 
-from .costmodel import CostModel
+from .costmodel import CostModel, PlainProbes
 from .planner import BatchInfo, CyclePlan
 
 
@@ -105,8 +106,7 @@ class DraftKPolicy:
         self._row_spans: dict = defaultdict(list)  # row -> its completed spans in this generate() call
         self.min_spans = 16
         self.history: list[int] = []  # k chosen each cycle (before generate() caps it at the budget)
-        self._plain_probes = 0  # probes since plain decoding became the choice
-        self._next_plain_probe = 2 * probe_every  # cycle of the next such probe
+        self._plain_probes = PlainProbes(probe_every, first=2 * probe_every, after_drafting=2 * probe_every)
 
     #: the Planner protocol (peagle.planner)
     needs_timing = True
@@ -208,15 +208,11 @@ class DraftKPolicy:
         else:
             k = self.costs.refit(batch.size, lambda: self.best_k(batch.size, batch.remaining))
             if k == 0:
-                # Decoding plainly: each probe costs more than it earns, so draft one token (the
-                # cheapest test of whether drafting pays) after 2, 4, 8, 16, 16, ... probe_every
-                # cycles while plain decoding stays best.
-                if cycles >= self._next_plain_probe:
+                # Decoding plainly: probe with one token, the cheapest test of whether drafting pays.
+                if self._plain_probes.due(cycles):
                     k = 1
-                    self._plain_probes += 1
-                    self._next_plain_probe = cycles + self.probe_every * min(2 ** self._plain_probes, 16)
             else:
-                self._plain_probes, self._next_plain_probe = 0, cycles + 2 * self.probe_every
+                self._plain_probes.drafting(cycles)
                 if cycles % self.probe_every == 0:  # probe around the choice: +1, -1, +2, -2, ...
                     step = (1, -1, 2, -2)[(cycles // self.probe_every) % 4]
                     k = min(self.max_k, max(self.min_k, 1, k + step))

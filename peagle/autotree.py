@@ -37,7 +37,7 @@ from collections import deque
 
 import torch
 
-from .costmodel import CostModel
+from .costmodel import CostModel, PlainProbes
 from .planner import BatchInfo, CyclePlan
 from .tree import TreeConfig
 
@@ -82,8 +82,7 @@ class TreeSizePolicy:
         self._rows_sum = [0] * (self.max_nodes + 1)  # [n]: row-cycles that verified >= n nodes
         # V fitted over n and read at n + 1; O and the plain step pooled over batch sizes.
         self.costs = CostModel(window, verify_shift=0, slope_memory=False, pooled=True)
-        self._plain_probes = 0  # probes since plain decoding became the choice
-        self._next_plain_probe = 0  # cycle of the next such probe
+        self._plain_probes = PlainProbes(probe_every, first=0, after_drafting=probe_every)
         self.history: list[int] = []  # nodes chosen each cycle (0: plain)
 
     #: the Planner protocol (peagle.planner); a plan's draft_k is its budget, the deepest such a
@@ -136,14 +135,11 @@ class TreeSizePolicy:
         else:
             n = self.costs.refit(size, lambda: self.best_nodes(size))
             if n == 0:
-                # Decoding plainly: try the best tree now and then (a probe costs more than it earns
-                # here), backing off 2x per probe up to 16 probe_every while plain stays best.
-                if cycles >= self._next_plain_probe:
+                # Decoding plainly: try the best tree now and then (peagle.costmodel.PlainProbes).
+                if self._plain_probes.due(cycles):
                     n = self.best_nodes(size, min_nodes=1)
-                    self._plain_probes += 1
-                    self._next_plain_probe = cycles + self.probe_every * min(2 ** self._plain_probes, 16)
             else:
-                self._plain_probes, self._next_plain_probe = 0, cycles + self.probe_every
+                self._plain_probes.drafting(cycles)
                 if cycles % self.probe_every == 0:
                     n = min(self.max_nodes, n + n // 2 + 1)
                 elif cycles % self.plain_every == self.plain_every - 1:

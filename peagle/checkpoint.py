@@ -282,7 +282,6 @@ def save_eagle_layout(head, path: str | Path, kind=None, *, compact: bool = Fals
     compact: store only the embedding rows that differ from the target's (pass target= or
     reference_embedding=); the default writes the full table, as engines need.
     """
-
     path = Path(path)
     kind = kinds.of(head) if kind is None else kinds.get(kind)
     compact = compact and kind.trains_embedding  # only a trained table is stored (compactly or not)

@@ -148,3 +148,27 @@ class CostModel:
         plain = self.plain_s(batch_size)
         t[0] = (plain if plain is not None else va + vb) + o
         return t.clamp_min(1e-9)
+
+
+class PlainProbes:
+    """When a planner whose choice is plain decoding tries drafting again: each such probe costs
+    more than it earns, so after the first (``first`` cycles on) they come 2, 4, 8, 16, 16, ...
+    ``every`` cycles apart while plain decoding stays the choice; ``drafting`` restarts the count."""
+
+    def __init__(self, every: int, first: int, after_drafting: int):
+        self.every, self.after_drafting = every, after_drafting
+        self.probes = 0  # probes since plain decoding became the choice
+        self.next_cycle = first  # cycle of the next probe
+
+    def due(self, cycles: int) -> bool:
+        """Whether cycle ``cycles`` (plain by choice) should probe; counts the probe if so."""
+        if cycles < self.next_cycle:
+            return False
+        self.probes += 1
+        self.next_cycle = cycles + self.every * min(2 ** self.probes, 16)
+        return True
+
+    def drafting(self, cycles: int) -> None:
+        """The choice at cycle ``cycles`` drafts: the next plain spell starts the back-off afresh."""
+        self.probes, self.next_cycle = 0, cycles + self.after_drafting
+

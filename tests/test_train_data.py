@@ -122,3 +122,13 @@ def test_workers_split_the_shards_between_processes(target, tmp_path):
     assert load_data(split)["input_ids"] == whole  # the same data as one process makes
     with pytest.raises(ValueError, match="worker"):
         regenerate(target, prompts, split, settings, show_progress=False, worker=(2, 2))
+
+
+@pytest.mark.parametrize("command", ["features", "evaluate"])
+def test_bad_shard_specs_fail_before_anything_loads(command, capsys):
+    from peagle.train.cli import main as train_main
+
+    extra = ["--head", "h"] if command == "evaluate" else []
+    with pytest.raises(SystemExit) as exc:
+        train_main([command, "--data", "nowhere", *extra, "--shards", "9-3"])
+    assert exc.value.code == 2 and "--shards" in capsys.readouterr().err

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..dtypes import DTYPE_NAMES
 from ..machine import apply_threads
+from .data import shard_spec
 
 
 def _add_data(p: argparse.ArgumentParser) -> None:
@@ -95,7 +96,7 @@ def _add_features(p: argparse.ArgumentParser) -> None:
     p.add_argument("--aux-layers", default=None,
                    help="comma list of target layers to cache (inputs of those layers; default: the target's "
                         "EAGLE-3 layers). One cache can serve several head kinds: list the union.")
-    p.add_argument("--shards", default=None,
+    p.add_argument("--shards", default=None, type=shard_spec,
                    help="data shards to cache, e.g. 6-11 or 0,3 (default: all); disjoint sets can run in parallel")
 
 
@@ -133,7 +134,7 @@ def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--precondition", default=d.precondition, choices=["rms", "none"],
                    help="rms: train fc in standardised aux units (folded into the saved weights); none (default)")
     p.add_argument("--max-len", type=int, default=d.max_len)
-    p.add_argument("--shards", default=d.shards, help="train on these data shards only, e.g. 0-11 (default: all)")
+    p.add_argument("--shards", default=d.shards, type=shard_spec, help="train on these data shards only, e.g. 0-11 (default: all)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per global batch")
     p.add_argument("--micro-batch-tokens", type=int, default=d.micro_batch_tokens)
     p.add_argument("--epochs", type=float, default=d.epochs)
@@ -170,7 +171,7 @@ def _run_train(args, kind: str) -> int:
 def _add_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", nargs="+", required=True, help="saved heads (OUT/final, an exported folder)")
     p.add_argument("--data", required=True, help="data directory with cached features")
-    p.add_argument("--shards", default=None, help="shards to evaluate on, e.g. 12-13 (held out from training)")
+    p.add_argument("--shards", default=None, type=shard_spec, help="shards to evaluate on, e.g. 12-13 (held out from training)")
     p.add_argument("--draft-k", type=int, default=None, help="depths (default: P-EAGLE's trained depth, 7 for EAGLE-3)")
     p.add_argument("--target", default="default")
     p.add_argument("--target-dtype", default="bfloat16", choices=DTYPE_NAMES)

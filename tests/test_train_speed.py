@@ -135,3 +135,72 @@ def test_auto_precision_is_fp32_without_native_bf16(monkeypatch):
     assert resolve_mixed_precision("bf16") == "bf16" and resolve_mixed_precision("no") == "no"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_mixed_precision("auto") == "bf16"
+
+
+@pytest.mark.parametrize("hkv", [4, 2])
+def test_bf16_attention_matches_fp32_dense_values_and_gradients(hkv):
+    # bf16 on CPU takes two batched matmuls (GQA folded into the query rows), not the flash kernel
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(3, 250, (n,), generator=g) for n in (17, 30)]
+    packed = pack(seqs, [3, 4])
+    d0 = depth0(packed)
+    chains = peagle_chains(packed, d0, 4, 1, ratio=1.0, min_ratio=1.0)
+    Hq, D = 4, 8
+    kv = [(torch.randn(len(grp), hkv, D, generator=g), torch.randn(len(grp), hkv, D, generator=g)) for grp in (d0, chains)]
+    q = torch.randn(len(chains), Hq, D, generator=g)
+
+    def run(dtype):
+        leaves = [t.detach().to(dtype).clone().requires_grad_() for t in (q, *kv[0], *kv[1])]
+        keys = [KeyGroup(leaves[1 + 2 * i], leaves[2 + 2 * i], grp.anchor, grp.depth, grp.doc) for i, grp in enumerate((d0, chains))]
+        out = packed_attention(leaves[0], chains.anchor, chains.depth, chains.doc, keys, packed.doc_start)
+        (out.float() * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        return out.float(), [t.grad.float() for t in leaves]
+
+    ref, ref_grads = run(torch.float32)
+    out, grads = run(torch.bfloat16)
+    torch.testing.assert_close(out, ref, atol=3e-2, rtol=3e-2)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, atol=3e-2, rtol=5e-2)
+
+
+def test_mask_row_embedding_trains_like_the_masked_full_table(target):
+    # only the mask row trains: a frozen table + a one-row parameter gives the result of a full
+    # trainable table whose other rows' gradients are zeroed, at a fraction of the optimizer's work
+    from peagle.train.embedding import RowTrainedEmbedding
+    from peagle.train.trainer import attach_embedding
+
+    def curve(mode_rows):
+        head = tiny_head(target, "peagle", layers=2, max_draft_k=4)
+        attach_embedding(head, target, "mask")
+        assert isinstance(head.embed_tokens, RowTrainedEmbedding)
+        if not mode_rows:  # the old way: the whole table trainable, a hook keeps the mask row's gradient
+            table = head.embed_tokens.weight.clone()
+            head.embed_tokens = torch.nn.Embedding.from_pretrained(table, freeze=False)
+            keep = torch.zeros(table.shape[0], 1)
+            keep[head.config.mask_token_id] = 1.0
+            head.embed_tokens.weight.register_hook(lambda grad: grad * keep)
+        opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=3e-3, weight_decay=0.0)
+        g = torch.Generator().manual_seed(1)
+        seqs = [torch.randint(3, 250, (n,), generator=g) for n in (20, 31)]
+        feats = _random_features(seqs, head.fc.in_features, head.lm_head.out_features)
+        packed = pack(seqs, [5, 6])
+        losses = []
+        for step in range(8):
+            opt.zero_grad()
+            plan = plan_peagle(packed, 4, head.config.mask_token_id, generator=torch.Generator().manual_seed(step))
+            losses.append(peagle_step(head, plan, feats, norm=plan.num_supervised).objective)
+            torch.nn.utils.clip_grad_norm_([p for p in head.parameters() if p.requires_grad], 1.0)
+            opt.step()
+        return torch.tensor(losses), head.embed_tokens.weight.detach().clone()
+
+    start = tiny_head(target, "peagle", layers=2, max_draft_k=4)
+    attach_embedding(start, target, "mask")
+    before = start.embed_tokens.weight.clone()
+    new_losses, new_table = curve(True)
+    old_losses, old_table = curve(False)
+    assert new_losses[-1] < new_losses[0]
+    torch.testing.assert_close(new_losses, old_losses, rtol=1e-5, atol=0)
+    torch.testing.assert_close(new_table, old_table, rtol=1e-5, atol=1e-6)
+    m = start.config.mask_token_id
+    changed = (new_table != before).any(-1).nonzero().flatten().tolist()
+    assert changed == [m]

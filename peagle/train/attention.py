@@ -53,6 +53,13 @@ def _attend_chunk(q, q_anchor, q_depth, q_doc, ranges, *kv_and_meta):
         k, v = torch.cat(ks), torch.cat(vs)
         mask = visible(q_anchor, q_depth, q_doc, torch.cat(ka), torch.cat(kd), torch.cat(kdoc))
         rep = q.shape[1] // k.shape[1]
+        if rep > 1 and q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.bfloat16:
+            # query head h reads kv head h // rep: fold the rep heads into the query rows instead of
+            # copying the keys rep times
+            Q, Hq, D = q.shape
+            qg = q.view(Q, k.shape[1], rep, D).permute(1, 2, 0, 3).reshape(k.shape[1], rep * Q, D)
+            out = _math_attention(qg, k.transpose(0, 1), v.transpose(0, 1), mask.repeat(rep, 1))
+            return out.view(k.shape[1], rep, Q, D).permute(2, 0, 1, 3).reshape(Q, Hq, D)
         if rep > 1:
             k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     return _sdpa(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), mask).transpose(0, 1)
@@ -60,7 +67,11 @@ def _attend_chunk(q, q_anchor, q_depth, q_doc, ranges, *kv_and_meta):
 
 def _sdpa(q, k, v, mask):
     """[H, Q, D] x [H, K, D] with a [Q, K] bool mask. On CPU torch's flash kernel takes an additive
-    mask with gradients (~1.4x faster than the math path SDPA picks for a boolean mask)."""
+    mask with gradients (~1.4x faster than the math path SDPA picks for a boolean mask); in bf16
+    two batched matmuls and an fp32 softmax are ~2x faster than that kernel (its bf16 backward is
+    slower than its fp32 one; the matmuls use the CPU's native bf16)."""
+    if q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.bfloat16:
+        return _math_attention(q, k, v, mask)
     flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if q.device.type == "cpu" and flash is not None and q.dtype == k.dtype == v.dtype:
         with record_function("train.attn_prep"):
@@ -72,6 +83,15 @@ def _sdpa(q, k, v, mask):
             pass
     with record_function("train.attn_kernel"):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _math_attention(q, k, v, mask):
+    """softmax(q k^T / sqrt(D) + mask) v with the scores' softmax in fp32."""
+    with record_function("train.attn_prep"):
+        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+    with record_function("train.attn_kernel"):
+        scores = torch.baddbmm(bias.expand(q.shape[0], -1, -1), q, k.transpose(1, 2), alpha=q.shape[-1] ** -0.5)
+        return torch.softmax(scores.float(), -1).to(v.dtype) @ v
 
 
 #: queries of one chunk (at most): small enough that a chunk's depth-0 keys (sequence start .. its

@@ -30,6 +30,7 @@ import torch
 from .. import kinds
 from ..checkpoint import read_tensors, save_pretrained
 from ..machine import apply_threads
+from .embedding import RowTrainedEmbedding
 from .forward import Features
 from .memory import rss_mb
 from .plan import pack
@@ -233,7 +234,12 @@ def load_weights_from(head, path: str | Path, target) -> None:
     if type(src) is not type(head):
         raise ValueError(f"init_from: {path} holds a {type(src).__name__}, this run trains a {type(head).__name__}")
     mine, theirs = head.state_dict(), src.state_dict()
-    if src.embed_tokens is not None:
+    rows = head.embed_tokens if isinstance(head.embed_tokens, RowTrainedEmbedding) else None
+    if rows is not None and src.embed_tokens is not None:  # a full table in, the mask row trained here
+        mine = {k: v for k, v in mine.items() if not k.startswith("embed_tokens.")}
+        theirs = {k: v for k, v in theirs.items() if not k.startswith("embed_tokens.")}
+        rows.load_table(src.embed_tokens.weight.float())
+    elif src.embed_tokens is not None:
         theirs["embed_tokens.weight"] = src.embed_tokens.weight
     else:  # a head that reads the target's table (EAGLE-3): keep this run's copy of that table
         mine = {k: v for k, v in mine.items() if k != "embed_tokens.weight"}
@@ -251,11 +257,10 @@ def attach_embedding(head, target, mode: str) -> None:
     if head.embed_tokens is not None:
         table = head.embed_tokens.weight.detach().float().clone()
     trains = head.trains_embedding and mode != "none"
-    head.embed_tokens = torch.nn.Embedding.from_pretrained(table, freeze=not trains)
-    if trains and mode == "mask":
-        keep = torch.zeros(table.shape[0], 1)
-        keep[head.config.mask_token_id] = 1.0
-        head.embed_tokens.weight.register_hook(lambda g: g * keep.to(g.device, g.dtype))
+    if trains and mode == "mask":  # the mask row only: the rest of the table is a frozen buffer
+        head.embed_tokens = RowTrainedEmbedding(table, [head.config.mask_token_id])
+    else:
+        head.embed_tokens = torch.nn.Embedding.from_pretrained(table, freeze=not trains)
 
 
 def trainable(head) -> list[tuple[str, torch.nn.Parameter]]:
@@ -346,8 +351,11 @@ def load_checkpoint(accelerator, path: Path, head, opt, sched) -> int:
     table = tensors.pop("embed_tokens.weight", None)
     head.load_state_dict({k: v for k, v in tensors.items()}, strict=False)
     if table is not None:
-        with torch.no_grad():
-            head.embed_tokens.weight.copy_(table)
+        if isinstance(head.embed_tokens, RowTrainedEmbedding):
+            head.embed_tokens.load_table(table)
+        else:
+            with torch.no_grad():
+                head.embed_tokens.weight.copy_(table)
     if raw_state(head):
         load_raw_state(head, torch.load(path / "preconditioned.pt", weights_only=True))
     opt.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))

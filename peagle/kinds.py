@@ -26,7 +26,7 @@ and, for ``peagle train NAME`` (``trainable = True``; TrainConfig ``cfg``, packe
     new_head(cfg, target, used_ids) -> drafter the fresh fp32 head of a run
     count_size(cfg) -> int                     length C of the supervision counts
     plan(head, packed, cfg, generators) -> (plan, counts [C])   one micro-batch (generators: one per sequence)
-    step(head, plan, feats, counts, cfg) -> StepStats           loss + backward; counts summed over the global batch
+    step(head, plan, feats, counts, cfg, stats=None) -> StepStats   loss + backward; counts summed over the global batch
     stat_depths(cfg) -> int                    columns of the per-depth log statistics
     eval_depth(head) -> int                    default draft_k of `peagle train evaluate`
     eval_step(head, packed, feats, draft_k, stats)              no-grad pass keeping every element
@@ -271,10 +271,10 @@ class PEagleKind(EagleKind):
         plan = plan_peagle(packed, cfg.max_depth, head.config.mask_token_id, cfg.cod_ratio, cfg.cod_min_ratio, generators)
         return plan, torch.tensor([float(plan.num_supervised)])
 
-    def step(self, head, plan, feats, counts, cfg):
+    def step(self, head, plan, feats, counts, cfg, stats=None):
         from .train.forward import peagle_step
 
-        return peagle_step(head, plan, feats, float(counts.clamp_min(1).item()), cfg.segments)
+        return peagle_step(head, plan, feats, float(counts.clamp_min(1).item()), cfg.segments, stats=stats)
 
     def stat_depths(self, cfg) -> int:
         return cfg.max_depth
@@ -316,10 +316,10 @@ class Eagle3Kind(EagleKind):
         plan = plan_eagle3(packed, cfg.ttt_steps)
         return plan, torch.tensor(plan.counts(cfg.ttt_steps), dtype=torch.float)
 
-    def step(self, head, plan, feats, counts, cfg):
+    def step(self, head, plan, feats, counts, cfg, stats=None):
         from .train.forward import eagle3_step
 
-        return eagle3_step(head, plan, feats, counts.tolist(), cfg.ttt_steps)
+        return eagle3_step(head, plan, feats, counts.tolist(), cfg.ttt_steps, stats=stats)
 
     def stat_depths(self, cfg) -> int:
         return cfg.ttt_steps
@@ -416,10 +416,10 @@ class DFlashKind(HeadKind):
 
         return plan_step(head, packed, cfg, generators)
 
-    def step(self, head, plan, feats, counts, cfg):
+    def step(self, head, plan, feats, counts, cfg, stats=None):
         from .train.dflash_step import train_step
 
-        return train_step(head, plan, feats, counts, cfg)
+        return train_step(head, plan, feats, counts, cfg, stats=stats)
 
     def stat_depths(self, cfg) -> int:
         return cfg.block_size - 1

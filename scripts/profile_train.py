@@ -28,7 +28,7 @@ import torch
 if "peagle" not in sys.modules:  # scripts/train_speed.py imports another tree's peagle first
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from peagle.train.forward import eagle3_step, peagle_step  # noqa: E402
+from peagle.train.forward import StepStats, eagle3_step, peagle_step  # noqa: E402
 from peagle.train.plan import pack, plan_eagle3, plan_peagle  # noqa: E402
 from peagle.train.trainer import (  # noqa: E402
     TrainConfig,
@@ -42,6 +42,7 @@ from peagle.train.trainer import (  # noqa: E402
 )
 
 #: the shipped recipe (scripts/train_embedded.sh) per head kind
+LOG_EVERY = 10  # the recipe's --log-every: agreement is counted on logged steps only
 RECIPE = {"peagle": dict(layers=4, intermediate_size=768, max_depth=8, cod_ratio=0.8, cod_min_ratio=0.2),
           "eagle3": dict(layers=1, ttt_steps=7)}
 
@@ -96,17 +97,19 @@ class Session:
         t["plan"] = time.process_time() - t0
         objective, tokens = 0.0, 0
         head.train()
+        kwargs = dict(self.step_kwargs)
         for mb, plan, _ in plans:
+            if "agreement" in getattr(StepStats, "__dataclass_fields__", {}):  # as the trainer: only on logged steps
+                kwargs["stats"] = StepStats(agreement=step % LOG_EVERY == 0)
             t1 = time.process_time()
             with torch.profiler.record_function("train.data"):
                 _, feats = data.batch(mb, "cpu")
             t2 = time.process_time()
             with autocast(self.precision):
                 if cfg.kind == "peagle":
-                    st = peagle_step(head, plan, feats, float(counts.clamp_min(1).item()), cfg.segments,
-                                     **self.step_kwargs)
+                    st = peagle_step(head, plan, feats, float(counts.clamp_min(1).item()), cfg.segments, **kwargs)
                 else:
-                    st = eagle3_step(head, plan, feats, counts.tolist(), cfg.ttt_steps, **self.step_kwargs)
+                    st = eagle3_step(head, plan, feats, counts.tolist(), cfg.ttt_steps, **kwargs)
             t3 = time.process_time()
             t["data"] += t2 - t1
             t["forward+backward"] += t3 - t2

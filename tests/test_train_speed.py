@@ -204,3 +204,33 @@ def test_mask_row_embedding_trains_like_the_masked_full_table(target):
     m = start.config.mask_token_id
     changed = (new_table != before).any(-1).nonzero().flatten().tolist()
     assert changed == [m]
+
+
+@pytest.mark.parametrize("kind", ["peagle", "eagle3"])
+def test_skipping_agreement_changes_no_loss_or_gradient(target, kind):
+    # the trainer counts argmax agreement only on logged steps; elsewhere the step must be the same
+    def run(agreement):
+        head = tiny_head(target, kind, layers=2, max_draft_k=5)
+        g = torch.Generator().manual_seed(1)
+        seqs = [torch.randint(3, 250, (n,), generator=g) for n in (26, 33)]
+        feats = _random_features(seqs, head.fc.in_features, head.lm_head.out_features)
+        # draft logits all 0 (argmax: row 0) and target logits peaked at 0: every element agrees
+        torch.nn.init.zeros_(head.lm_head.weight)
+        logits = feats.target_logits(torch.arange(len(feats.aux)))
+        logits[:, 0] += 50
+        feats = Features(feats.aux, lambda rows: logits[rows])
+        packed = pack(seqs, [6, 7])
+        stats = forward.StepStats(agreement=agreement)
+        if kind == "peagle":
+            plan = plan_peagle(packed, 5, head.config.mask_token_id, generator=torch.Generator().manual_seed(0))
+            peagle_step(head, plan, feats, norm=plan.num_supervised, stats=stats)
+        else:
+            plan = plan_eagle3(packed, 5)
+            eagle3_step(head, plan, feats, plan.counts(5), 5, stats=stats)
+        return stats, torch.cat([p.grad.flatten() for p in head.parameters() if p.grad is not None])
+
+    with_agreement, grad = run(True)
+    without, grad_without = run(False)
+    assert without.objective == with_agreement.objective and torch.equal(grad, grad_without)
+    assert without.loss_sum == with_agreement.loss_sum and without.count == with_agreement.count
+    assert with_agreement.correct == with_agreement.count and sum(without.correct) == 0

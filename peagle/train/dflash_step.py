@@ -83,10 +83,12 @@ def dflash_forward(head, plan: DFlashPlan, aux: torch.Tensor, embed_weight: torc
     return head.norm(hidden)[0].view(N, B, -1)
 
 
-def _loss_chunk(hidden, labels, w, readout, target_logits):
+def _loss_chunk(hidden, labels, w, readout, target_logits, argmax: bool = True):
     draft = readout(hidden)
     tgt = target_logits(labels)
     kl = kl_target_draft(draft, tgt)
+    if not argmax:
+        return (kl * w).sum(), kl.detach(), None, None
     return (kl * w).sum(), kl.detach(), draft.argmax(-1), tgt.argmax(-1)
 
 
@@ -109,12 +111,13 @@ def dflash_loss(out: torch.Tensor, plan: DFlashPlan, feats: Features, readout: R
     total, kls, drafted, best = 0.0, [], [], []
     for s in starts:
         r = slice(s, s + LOSS_CHUNK)
-        args = (rows[r], labels[r], w[r], readout, feats.target_logits)
+        args = (rows[r], labels[r], w[r], readout, feats.target_logits, stats.wants_argmax)
         loss, kl, d_arg, t_arg = checkpoint(_loss_chunk, *args, use_reentrant=False) if use_ckpt else _loss_chunk(*args)
         total = total + loss
         kls.append(kl), drafted.append(d_arg), best.append(t_arg)
-    kl, drafted = torch.cat(kls), torch.cat(drafted)
-    stats.add(k - 1, kl, drafted == torch.cat(best), plan.block_size - 1)
+    kl = torch.cat(kls)
+    drafted = torch.cat(drafted) if stats.wants_argmax else None
+    stats.add(k - 1, kl, drafted == torch.cat(best) if stats.wants_argmax else None, plan.block_size - 1)
     if stats.keep_elements:
         start = plan.start.to(out.device)[:, None].expand_as(sup)[sup]
         stats.elements.append((start.cpu(), (k - 1).cpu(), labels.cpu(), drafted.cpu()))
@@ -166,9 +169,10 @@ def plan_step(head, packed, cfg, generators) -> tuple[DFlashPlan, torch.Tensor]:
     return plan, torch.tensor([plan.weight_sum(gamma_of(cfg))])
 
 
-def train_step(head, plan: DFlashPlan, feats: Features, counts: torch.Tensor, cfg) -> StepStats:
+def train_step(head, plan: DFlashPlan, feats: Features, counts: torch.Tensor, cfg,
+               stats: StepStats | None = None) -> StepStats:
     return dflash_step(head, plan, feats, head._train_readout, head._train_embed,
-                       float(counts.clamp_min(1e-12).item()), gamma_of(cfg))
+                       float(counts.clamp_min(1e-12).item()), gamma_of(cfg), stats=stats)
 
 
 def eval_step(head, packed, feats: Features, draft_k: int, stats: StepStats, anchor_stride: int = 1) -> None:

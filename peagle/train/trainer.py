@@ -31,7 +31,7 @@ from .. import kinds
 from ..checkpoint import read_tensors, save_pretrained
 from ..machine import apply_threads
 from .embedding import RowTrainedEmbedding
-from .forward import Features
+from .forward import Features, StepStats
 from .memory import rss_mb
 from .plan import pack
 from .precondition import load_raw_state, precondition_fc, raw_state
@@ -473,12 +473,14 @@ def train(cfg: TrainConfig, target=None) -> Path:
         counts = sum(c for _, _, c in plans) if plans else torch.zeros(kind.count_size(cfg))
         counts = accelerator.reduce(counts.to(device), reduction="sum").cpu() if world > 1 else counts
         head.train()
+        done = step + 1
+        logged = done % cfg.log_every == 0 or done == total_steps or done == start + 1
         depth_stats = torch.zeros(3, kind.stat_depths(cfg))
         objective = torch.zeros(1)
         for mb, plan, _ in plans:
             feats = data.features(mb, device)
             with accelerator.autocast():
-                st = kind.step(head, plan, feats, counts, cfg)
+                st = kind.step(head, plan, feats, counts, cfg, StepStats(agreement=logged))  # agreement only where logged
             D = depth_stats.shape[1]
             for r, vals in enumerate((st.loss_sum, st.correct, st.count)):
                 depth_stats[r, : len(vals)] += torch.tensor(vals[:D])
@@ -494,8 +496,7 @@ def train(cfg: TrainConfig, target=None) -> Path:
             objective, depth_stats = both[:1], both[1:].view_as(depth_stats)
         if cfg.trim_memory:
             _release_freed_memory()
-        done = step + 1
-        if accelerator.is_main_process and (done % cfg.log_every == 0 or done == total_steps or done == start + 1):
+        if accelerator.is_main_process and logged:
             now = time.perf_counter()
             n = depth_stats[2].clamp_min(1)
             rec = {"step": done, "loss": round(float(objective), 6), "lr": sched.get_last_lr()[0],

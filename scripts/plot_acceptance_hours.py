@@ -6,7 +6,9 @@
 ``--points`` holds the curves measured earlier (kind -> list of {"steps", "hours", "acceptance"});
 ``--dflash-run`` adds a DFlash run's points: every ``eval_step_*.json`` in the run directory
 (`peagle train evaluate --head RUN/checkpoints/step_N/head ... --out RUN/eval_step_N.json`), placed at the wall-clock hours its ``log.jsonl`` records for
-that step. The merged points are written back to ``--points``, so the figure can be redrawn alone.
+that step. ``--run LABEL=DIR@HOURS`` adds any such run as its own curve, shifted by HOURS (a run
+that continues a head starts where that head's training ended). The merged points are written
+back to ``--points``, so the figure can be redrawn alone.
 """
 from __future__ import annotations
 
@@ -28,8 +30,8 @@ def run_hours(run: Path) -> dict[int, float]:
     return {s: (t - t0) / 3600 for s, t in by_step.items()}
 
 
-def dflash_points(run: Path) -> list[dict]:
-    hours = run_hours(run)
+def run_points(run: Path, offset_hours: float = 0.0) -> list[dict]:
+    hours = {s: h + offset_hours for s, h in run_hours(run).items()}
     points = []
     for path in sorted(run.glob("eval_step_*.json")):
         step = int(re.search(r"eval_step_(\d+)", path.name).group(1))
@@ -71,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--points", required=True, type=Path, help="JSON: kind -> [{steps, hours, acceptance}]")
     p.add_argument("--dflash-run", type=Path, help="a `peagle train dflash` run with eval_step_*.json files")
     p.add_argument("--label", default="DFlash", help="the DFlash run's curve name")
+    p.add_argument("--run", action="append", default=[], metavar="LABEL=DIR@HOURS",
+                   help="another run with eval_step_*.json files, its hours shifted by HOURS (default 0)")
     p.add_argument("--step-seconds", default="", help="e.g. P-EAGLE=9.5,EAGLE-3=4.1: also draw those curves "
                                                      "dashed, each step at that many seconds")
     p.add_argument("--out", required=True, type=Path)
@@ -78,7 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     step_seconds = {k: float(v) for k, v in (item.split("=") for item in args.step_seconds.split(",") if item)}
     points = json.loads(args.points.read_text())
     if args.dflash_run is not None:
-        points[args.label] = dflash_points(args.dflash_run)
+        points[args.label] = run_points(args.dflash_run)
+    for spec in args.run:
+        label, _, rest = spec.partition("=")
+        run, _, offset = rest.partition("@")
+        if not label or not run:
+            p.error(f"--run expects LABEL=DIR@HOURS, got {spec!r}")
+        points[label] = run_points(Path(run), float(offset or 0))
+    if args.dflash_run is not None or args.run:
         args.points.write_text(json.dumps(points, indent=1) + "\n")
     print(plot(points, args.out, step_seconds))
     return 0

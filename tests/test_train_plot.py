@@ -51,4 +51,7 @@ def test_acceptance_against_hours_places_checkpoints_at_their_logged_time(tmp_pa
     assert merged["EAGLE-3"][0]["acceptance"] == 1.387 and (tmp_path / "a.png").stat().st_size > 0
     (run / "eval_step_0000025.json").write_text(json.dumps([{"acceptance_length": 1.3}]))
     with pytest.raises(ValueError, match="step 25"):
-        script.dflash_points(run)
+        script.run_points(run)
+    (run / "eval_step_0000025.json").unlink()
+    assert script.main(["--points", str(points), "--run", f"P-EAGLE continued={run}@8.5", "--out", str(tmp_path / "b.png")]) == 0
+    assert json.loads(points.read_text())["P-EAGLE continued"][0] == {"steps": 20, "hours": 8.52, "acceptance": 1.25}

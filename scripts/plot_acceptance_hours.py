@@ -86,9 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     for spec in args.run:
         label, _, rest = spec.partition("=")
         run, _, offset = rest.partition("@")
-        if not label or not run:
-            p.error(f"--run expects LABEL=DIR@HOURS, got {spec!r}")
-        points[label] = run_points(Path(run), float(offset or 0))
+        try:
+            hours = float(offset or 0)
+        except ValueError:
+            hours = None
+        if not label or not run or hours is None:
+            p.error(f"--run expects LABEL=DIR@HOURS (HOURS a number), got {spec!r}")
+        if not (Path(run) / "log.jsonl").is_file():
+            p.error(f"--run {spec!r}: {run}/log.jsonl not found (a training run directory is needed)")
+        points[label] = run_points(Path(run), hours)
     if args.dflash_run is not None or args.run:
         args.points.write_text(json.dumps(points, indent=1) + "\n")
     print(plot(points, args.out, step_seconds))

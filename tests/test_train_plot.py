@@ -55,3 +55,6 @@ def test_acceptance_against_hours_places_checkpoints_at_their_logged_time(tmp_pa
     (run / "eval_step_0000025.json").unlink()
     assert script.main(["--points", str(points), "--run", f"P-EAGLE continued={run}@8.5", "--out", str(tmp_path / "b.png")]) == 0
     assert json.loads(points.read_text())["P-EAGLE continued"][0] == {"steps": 20, "hours": 8.52, "acceptance": 1.25}
+    for bad in ("nolabel", f"x={run}@soon", f"x={tmp_path}/missing@1"):
+        with pytest.raises(SystemExit):
+            script.main(["--points", str(points), "--run", bad, "--out", str(tmp_path / "c.png")])

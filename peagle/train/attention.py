@@ -45,33 +45,40 @@ def visible(q_anchor, q_depth, q_doc, k_anchor, k_depth, k_doc) -> torch.Tensor:
 
 def _attend_chunk(q, q_anchor, q_depth, q_doc, ranges, *kv_and_meta):
     """q [Q, Hq, D]; kv_and_meta = (k, v, anchor, depth, doc) per key group, ranges = [(start, end)]."""
-    with record_function("train.attn_prep"):  # gather the visible key ranges, build the mask, repeat GQA heads
+    with record_function("train.attn_prep"):  # gather the visible key ranges, build the mask
         ks, vs, ka, kd, kdoc = [], [], [], [], []
         for g, (s, e) in enumerate(ranges):
             k, v, a, d, doc = kv_and_meta[5 * g: 5 * g + 5]
             ks.append(k[s:e]), vs.append(v[s:e]), ka.append(a[s:e]), kd.append(d[s:e]), kdoc.append(doc[s:e])
         k, v = torch.cat(ks), torch.cat(vs)
         mask = visible(q_anchor, q_depth, q_doc, torch.cat(ka), torch.cat(kd), torch.cat(kdoc))
-        rep = q.shape[1] // k.shape[1]
-        if rep > 1 and q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.bfloat16:
-            # query head h reads kv head h // rep: fold the rep heads into the query rows instead of
-            # copying the keys rep times
-            Q, Hq, D = q.shape
-            qg = q.view(Q, k.shape[1], rep, D).permute(1, 2, 0, 3).reshape(k.shape[1], rep * Q, D)
-            out = _math_attention(qg, k.transpose(0, 1), v.transpose(0, 1), mask.repeat(rep, 1))
-            return out.view(k.shape[1], rep, Q, D).permute(2, 0, 1, 3).reshape(Q, Hq, D)
-        if rep > 1:
+    return grouped_attention(q, k, v, mask)
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q [Q, Hq, D] over k, v [K, Hkv, D] (query head h reads kv head h // (Hq / Hkv)) with a
+    [Q, K] bool mask -> [Q, Hq, D].
+
+    bf16 on CPU: two batched matmuls with the query heads of each kv head folded into its query
+    rows (no copy of the keys per query head), ~2x faster than torch's flash kernel, whose bf16
+    backward is slower than its fp32 one. Otherwise the keys are repeated per query head for
+    ``_sdpa``."""
+    Q, Hq, D = q.shape
+    Hkv = k.shape[1]
+    rep = Hq // Hkv
+    if q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.bfloat16:
+        qg = q.view(Q, Hkv, rep, D).permute(1, 2, 0, 3).reshape(Hkv, rep * Q, D)
+        out = _math_attention(qg, k.transpose(0, 1), v.transpose(0, 1), mask.repeat(rep, 1) if rep > 1 else mask)
+        return out.view(Hkv, rep, Q, D).permute(2, 0, 1, 3).reshape(Q, Hq, D)
+    if rep > 1:
+        with record_function("train.attn_prep"):
             k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     return _sdpa(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), mask).transpose(0, 1)
 
 
 def _sdpa(q, k, v, mask):
     """[H, Q, D] x [H, K, D] with a [Q, K] bool mask. On CPU torch's flash kernel takes an additive
-    mask with gradients (~1.4x faster than the math path SDPA picks for a boolean mask); in bf16
-    two batched matmuls and an fp32 softmax are ~2x faster than that kernel (its bf16 backward is
-    slower than its fp32 one; the matmuls use the CPU's native bf16)."""
-    if q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.bfloat16:
-        return _math_attention(q, k, v, mask)
+    mask with gradients (~1.4x faster than the math path SDPA picks for a boolean mask)."""
     flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if q.device.type == "cpu" and flash is not None and q.dtype == k.dtype == v.dtype:
         with record_function("train.attn_prep"):

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .attention import _sdpa
+from .attention import grouped_attention
 from .plan import Packed
 
 
@@ -157,11 +157,7 @@ def block_mask(anchors: torch.Tensor, block_size: int, context_len: int) -> torc
 def _attend(q, k_blk, v_blk, k_ctx, v_ctx, anchors, block_size):
     """One chunk: q, k_blk, v_blk [n*B, H, D] (Hkv for k/v), k_ctx/v_ctx [C, Hkv, D] -> [n*B, Hq, D]."""
     mask = block_mask(anchors, block_size, k_ctx.shape[0]).to(q.device)
-    k, v = torch.cat([k_ctx, k_blk]), torch.cat([v_ctx, v_blk])
-    rep = q.shape[1] // k.shape[1]
-    if rep > 1:
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    return _sdpa(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), mask).transpose(0, 1)
+    return grouped_attention(q, torch.cat([k_ctx, k_blk]), torch.cat([v_ctx, v_blk]), mask)
 
 
 def block_attention(plan: DFlashPlan, q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor,

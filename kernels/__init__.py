@@ -14,7 +14,8 @@ overrides ``auto`` (see ``peagle.kernels.dispatch``). docs/kernels.md has the ma
 """
 from .dispatch import resolve_impl
 from .parallel_draft_attention import parallel_draft_attention, parallel_draft_attention_torch
-from .tree_verify import TreeVerifyResult, tree_depths, tree_verify, tree_verify_torch
+from .results import TreeVerifyResult
+from .tree_verify import tree_depths, tree_verify, tree_verify_torch
 
 __all__ = [
     "TreeVerifyResult",

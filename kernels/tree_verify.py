@@ -47,17 +47,12 @@ program per row, a pass over V per visited node (greedy argmax) or per rejection
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from .dispatch import resolve_impl
+from .results import TreeVerifyResult
 
-
-class TreeVerifyResult(NamedTuple):
-    accepted_path: torch.Tensor  # [B, max_depth + 1] int64 node indices, root first, -1 padded
-    num_accepted: torch.Tensor  # [B] int64 drafts accepted (path length - 1)
-    next_token: torch.Tensor  # [B] int64 recovered or bonus token
+__all__ = ["TreeVerifyResult", "tree_depths", "tree_verify", "tree_verify_torch"]
 
 
 def tree_verify(

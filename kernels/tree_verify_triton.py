@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import interpreter_enabled
+from .results import TreeVerifyResult
 
 # Triton chooses interpreter or compiler when a kernel is decorated, i.e. when this module is imported.
 INTERPRETED = interpreter_enabled()
@@ -187,8 +188,6 @@ def tree_verify_triton(
     max_depth: int,
 ):
     """Launch the kernel; arguments are validated by ``tree_verify``."""
-    from .tree_verify import TreeVerifyResult
-
     _check_device(target)
     B, N, V = target.shape
     dev = target.device

@@ -3,14 +3,17 @@
 GPU (scripts/gpu_check.sh runs this):   python scripts/bench_kernels.py --out results/kernels.csv
 CPU smoke run (interpreter, tiny):      python scripts/bench_kernels.py --device cpu --quick --out runs/kernels-cpu.csv
 Compile only, no GPU needed:            python scripts/bench_kernels.py --compile-only 90
+One op only:                            python scripts/bench_kernels.py --op tree_verify ...
 
+Each op has one name across kernels/<op>.py, tests/test_kernels_<op>.py and the ``<op>`` entry of
+BENCHES and COMPILES here (``--op <op>``; default: every op).
 Cases (full size): tree_verify at batch 64, 32-node trees, vocab 152,064 (greedy on bf16 logits,
 sampling with one-hot and with full q on fp32 probabilities; target: kernel >= 5x the twin), and
 parallel_draft_attention at batch 64, context 4,096, K = 8 queries, Hq = 32, Hkv = 8, D = 128, bf16,
 with the achieved HBM bandwidth (bytes that must move / median time; target: >= 70% of peak).
 Times are triton.testing.do_bench quantiles (0.5, 0.2, 0.8) on a GPU, wall-clock quantiles on
 CPU. Output: a human table, a CSV with device and versions, and one JSON summary line last.
-``--compile-only ARCH`` instead compiles both kernels for sm_ARCH at the benchmark shapes, with the
+``--compile-only ARCH`` instead compiles the kernels for sm_ARCH at the benchmark shapes, with the
 argument specialisation the JIT applies at launch (strides of 1, multiples of 16), through
 Triton's NVIDIA backend, which runs on a CPU machine; it prints shared memory and the PTX
 instructions that matter (tensor-core MMAs, cp.async pipelining), catching compile errors that
@@ -95,7 +98,7 @@ def _tree(B: int, widths: list[int], device):
     return torch.tensor(parents, device=device).expand(B, -1).contiguous()
 
 
-def bench_tree_verify(K, torch, dev, quick, timer, rows):
+def bench_tree_verify(K, torch, dev, quick, timer, rows, peak):
     B, V, widths = (4, 1000, [2, 3, 2]) if quick else (64, 152_064, [4, 8, 8, 6, 4, 1])
     par = _tree(B, widths, dev)
     N = par.shape[1]
@@ -132,7 +135,7 @@ def bench_tree_verify(K, torch, dev, quick, timer, rows):
                              speedup_vs_torch=t["torch"][0] / t[impl][0], check=check))
 
 
-def bench_attention(K, torch, dev, quick, timer, rows, peak):
+def bench_parallel_draft_attention(K, torch, dev, quick, timer, rows, peak):
     from peagle.kernels.parallel_draft_attention_triton import parallel_draft_attention_triton
 
     B, Q, Hq, Hkv, D, L = (2, 4, 4, 2, 32, 64) if quick else (64, 8, 32, 8, 128, 4096)
@@ -168,8 +171,8 @@ def bench_attention(K, torch, dev, quick, timer, rows, peak):
                          check=f"max abs err vs twin {err:.2e}"))
 
 
-def compile_only(arch: int) -> int:
-    """Compile the kernels for sm_<arch> without launching them (see the module docstring)."""
+def _build(arch, kernel, values, constexprs, options, tag):
+    """Compile one kernel for sm_<arch> with the JIT's argument specialisation; print what matters."""
     import collections
     import re
 
@@ -178,34 +181,36 @@ def compile_only(arch: int) -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    _import_kernels()
-    from peagle.kernels import parallel_draft_attention_triton as A
-    from peagle.kernels import tree_verify_triton as T
-
     names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64"}
+    sig, consts, attrs = {}, dict(constexprs), {}
+    for i, (name, v) in enumerate(zip(kernel.arg_names, values + [None] * len(constexprs))):
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif isinstance(v, torch.Tensor):
+            sig[name], attrs[(i,)] = "*" + names[v.dtype], [["tt.divisibility", 16]]
+        elif isinstance(v, int) and v == 1:  # the JIT turns an int argument equal to 1 into a constant
+            sig[name], consts[name] = "constexpr", 1
+        elif isinstance(v, int):
+            sig[name] = "i32"
+            if v % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[name] = "fp32"
+    t0 = time.perf_counter()
+    compiled = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", arch, 32),
+                              options=options)
+    ops = collections.Counter(re.findall(r"wgmma\.[a-z0-9.]+|mma\.sync\.[a-z0-9.]+|cp\.async\.[a-z]+",
+                                         compiled.asm["ptx"]))
+    print(f"{tag:<44} {time.perf_counter() - t0:5.1f}s  shared {compiled.metadata.shared:>6} B  {dict(ops)}")
 
-    def build(kernel, values, constexprs, options, tag):
-        sig, consts, attrs = {}, dict(constexprs), {}
-        for i, (name, v) in enumerate(zip(kernel.arg_names, values + [None] * len(constexprs))):
-            if name in constexprs:
-                sig[name] = "constexpr"
-            elif isinstance(v, torch.Tensor):
-                sig[name], attrs[(i,)] = "*" + names[v.dtype], [["tt.divisibility", 16]]
-            elif isinstance(v, int) and v == 1:  # the JIT turns an int argument equal to 1 into a constant
-                sig[name], consts[name] = "constexpr", 1
-            elif isinstance(v, int):
-                sig[name] = "i32"
-                if v % 16 == 0:
-                    attrs[(i,)] = [["tt.divisibility", 16]]
-            else:
-                sig[name] = "fp32"
-        t0 = time.perf_counter()
-        compiled = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", arch, 32),
-                                  options=options)
-        ops = collections.Counter(re.findall(r"wgmma\.[a-z0-9.]+|mma\.sync\.[a-z0-9.]+|cp\.async\.[a-z]+",
-                                             compiled.asm["ptx"]))
-        print(f"{tag:<34} {time.perf_counter() - t0:5.1f}s  shared {compiled.metadata.shared:>6} B  {dict(ops)}")
 
+def compile_parallel_draft_attention(arch: int) -> None:
+    """Compile parallel_draft_attention for sm_<arch> at the benchmark shape, three variants."""
+    import torch
+
+    from peagle.kernels import parallel_draft_attention_triton as A
+
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16"}
     B, Q, Hq, Hkv, D, S = 64, 8, 32, 8, 128, 4112
     for dt, upcast in ((torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True)):
         q, k = torch.empty(B, Q, Hq, D, dtype=dt, device="meta"), torch.empty(B, Q, Hkv, D, dtype=dt, device="meta")
@@ -215,15 +220,35 @@ def compile_only(arch: int) -> int:
                   *q.stride(), Q, Hkv, S, D, 0.1]
         consts = dict(G=Hq // Hkv, BLOCK_M=32, BLOCK_N=A.BLOCK_N, BLOCK_D=D, UPCAST=upcast,
                       PRECISION="ieee" if dt == torch.float32 else "tf32")
-        build(A._parallel_draft_attention_kernel, values, consts, dict(num_warps=4, num_stages=3),
-              f"attention {names[dt]} upcast={upcast}")
+        _build(arch, A._parallel_draft_attention_kernel, values, consts, dict(num_warps=4, num_stages=3),
+               f"parallel_draft_attention {names[dt]} upcast={upcast}")
+
+
+def compile_tree_verify(arch: int) -> None:
+    """Compile tree_verify for sm_<arch> at the benchmark shape, in its three modes."""
+    import torch
+
+    from peagle.kernels import tree_verify_triton as T
+
     B, N, V = 64, 32, 152_064
     for greedy, has_q in ((True, False), (False, False), (False, True)):
         tgt = torch.empty(B, N, V, dtype=torch.bfloat16, device="meta")
         i64, f32 = torch.empty(B, N, dtype=torch.int64, device="meta"), torch.empty(B, N, device="meta")
         values = [i64, i64, tgt, tgt, f32, f32, f32, i64, i64, i64, N, V, 6, N, N, N * V, V, N * V, V, N, 7]
-        build(T._tree_verify_kernel, values, dict(GREEDY=greedy, HAS_Q=has_q, BLOCK_V=4096), dict(num_warps=8),
-              f"tree_verify greedy={greedy} q={has_q}")
+        _build(arch, T._tree_verify_kernel, values, dict(GREEDY=greedy, HAS_Q=has_q, BLOCK_V=4096),
+               dict(num_warps=8), f"tree_verify greedy={greedy} q={has_q}")
+
+
+# One entry per op, named as the op: kernels/<op>.py, tests/test_kernels_<op>.py.
+BENCHES = {"tree_verify": bench_tree_verify, "parallel_draft_attention": bench_parallel_draft_attention}
+COMPILES = {"tree_verify": compile_tree_verify, "parallel_draft_attention": compile_parallel_draft_attention}
+
+
+def compile_only(arch: int, ops: list[str]) -> int:
+    """Compile the ops' kernels for sm_<arch> without launching them (see the module docstring)."""
+    _import_kernels()
+    for op in ops:
+        COMPILES[op](arch)
     return 0
 
 
@@ -233,11 +258,14 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "results"), "kernels.csv"))
     ap.add_argument("--compile-only", type=int, metavar="ARCH", help="compile for sm_ARCH (e.g. 90), no GPU")
+    ap.add_argument("--op", choices=list(BENCHES), action="append",
+                    help="bench (or compile) only this op; repeatable (default: every op)")
     args = ap.parse_args(argv)
+    ops = args.op or list(BENCHES)
     if args.compile_only:
         if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
             ap.error("--compile-only needs TRITON_INTERPRET unset")
-        return compile_only(args.compile_only)
+        return compile_only(args.compile_only, ops)
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
     import torch
@@ -258,8 +286,8 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     timer = _timer(dev.type, args.quick)
     rows: list[dict] = []
-    bench_tree_verify(K, torch, dev, args.quick, timer, rows)
-    bench_attention(K, torch, dev, args.quick, timer, rows, peak)
+    for op in ops:
+        BENCHES[op](K, torch, dev, args.quick, timer, rows, peak)
     for r in rows:
         r.update(meta)
 
@@ -280,12 +308,12 @@ def main(argv=None) -> int:
     tree = [r for r in rows if r["kernel"] == "tree_verify" and r["provider"] == "triton"]
     attn = [r for r in rows if r["kernel"] == "parallel_draft_attention" and r["provider"].startswith("triton")]
     best_bw = max((r["frac_peak_bw"] for r in attn if r["frac_peak_bw"] != ""), default=None)
-    min_speedup = min(r["speedup_vs_torch"] for r in tree)
+    min_speedup = min((r["speedup_vs_torch"] for r in tree), default=None)
     judged = dev.type == "cuda" and not args.quick  # the targets concern full-size GPU runs only
     summary = dict(
         device=name, quick=args.quick, csv=str(out),
         tree_verify_min_speedup=min_speedup,
-        tree_verify_meets_target=(min_speedup >= TREE_SPEEDUP_TARGET) if judged else None,
+        tree_verify_meets_target=(min_speedup >= TREE_SPEEDUP_TARGET) if judged and min_speedup is not None else None,
         attention_best_frac_peak_bw=best_bw,
         attention_meets_target=(best_bw >= ATTENTION_BW_TARGET) if judged and best_bw is not None else None,
     )

@@ -14,33 +14,12 @@ output says so.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
-from dataclasses import dataclass
 
 from .stats import per_cycle_ms
 
-
-@dataclass(frozen=True)
-class DemoArm:
-    drafter: str  # the drafter it runs: "eagle3", "peagle", "ngram", "dflash"
-    fixed_k: int | None  # the fixed draft_k shown beside draft_k="auto" (None: auto only)
-    tree_depth: int = 0  # > 0: a draft tree this deep, its node budget sized by peagle.autotree
-    optional: bool = False  # skipped silently when its drafter cannot be loaded
-
-
-#: The drafting arms, in table order; plain decoding always runs first. fixed_k is the best fixed
-#: draft_k measured on the 2-core CPU (K=3 for every drafter at concurrency 1, docs/benchmarks.md);
-#: a new drafter is one more entry here.
-ARMS: dict[str, DemoArm] = {
-    "eagle3": DemoArm("eagle3", fixed_k=3),
-    "peagle": DemoArm("peagle", fixed_k=3),
-    "peagle_tree": DemoArm("peagle", fixed_k=None, tree_depth=7),
-    "ngram": DemoArm("ngram", fixed_k=3),
-    "dflash": DemoArm("dflash", fixed_k=None, optional=True),
-}
-
+# The arms shown, their order, fixed draft_k and tree depth: the `demo` field of peagle.bench.arms.ARMS.
 
 #: tokens of an "auto" arm's untimed first call: the policy takes its first measurements there (its
 #: seed drafts and first probes, ~20 cycles), as it would early in any session, and keeps them
@@ -77,38 +56,36 @@ def cycle_split(calls) -> tuple[float, float]:
 
 
 def _drafters(target, model: str) -> tuple[dict, dict]:
-    """{drafter name: drafter} and {name: where its weights come from}; optional ones only if present."""
-    import peagle
-    from peagle.bench.models import load_head
+    """{drafter name: drafter} and {name: where its weights come from} for the demo's arms; a drafter
+    that cannot be had (no DFlash head shipped) is left out silently, and so are its arms."""
+    from peagle.bench.arms import DRAFTERS, demo_arms
 
     drafters, sources = {}, {}
-    for kind in ("eagle3", "peagle"):
-        head = load_head(kind, target, allow_trained=model == "embedded")
-        drafters[kind], sources[kind] = head.drafter, head.source
-    drafters["ngram"] = peagle.NgramDrafter()
-    if any(a.drafter == "dflash" for a in ARMS.values()) and importlib.util.find_spec("peagle.drafters.dflash"):
-        try:
-            drafters["dflash"] = peagle.load_drafter("dflash", target=target)
-            drafters["dflash"].bind(target)
-            sources["dflash"] = "trained: dflash"
-        except (FileNotFoundError, KeyError, ValueError):
-            pass
+    for arm in demo_arms():
+        if arm.drafter in drafters:
+            continue
+        drafter, source = DRAFTERS[arm.drafter].build(target, None, model == "embedded")
+        if drafter is not None:
+            drafters[arm.drafter] = drafter
+            if DRAFTERS[arm.drafter].weights:
+                sources[arm.drafter] = source
     return drafters, sources
 
 
 def _specs(drafters: dict, draft_k: int | None):
-    from peagle.bench.arms import ArmSpec
+    from peagle.bench.arms import ArmSpec, demo_arms
 
     specs = [ArmSpec("plain", 0)]
-    for arm, a in ARMS.items():
-        if a.drafter not in drafters:
+    for arm in demo_arms():
+        plan = arm.demo
+        if arm.drafter not in drafters:
             continue
-        if a.tree_depth:
-            specs.append(ArmSpec(arm, draft_k or a.tree_depth, "auto"))
+        if plan.tree_depth:
+            specs.append(ArmSpec(arm.name, draft_k or plan.tree_depth, "auto"))
             continue
-        specs.append(ArmSpec(arm, "auto"))
-        if draft_k or a.fixed_k:
-            specs.append(ArmSpec(arm, draft_k or a.fixed_k))
+        specs.append(ArmSpec(arm.name, "auto"))
+        if draft_k or plan.fixed_k:
+            specs.append(ArmSpec(arm.name, draft_k or plan.fixed_k))
     return specs
 
 
@@ -117,11 +94,11 @@ def _run_arms(target, drafters: dict, specs, prompts, max_new_tokens: int, bar=N
     so a busy machine's drift hits all arms alike. Auto policies persist across the prompts."""
     from peagle.autok import make_policy
     from peagle.autotree import TreeSizePolicy
-    from peagle.bench.arms import TREE_ARMS, ArmRunner
+    from peagle.bench.arms import ARMS, ArmRunner
 
-    runner = ArmRunner(target, drafters)  # a tree arm finds its drafter through TREE_ARMS
-    policies = {s: make_policy("auto", drafters[s.arm]) for s in specs if s.draft_k == "auto"}
-    policies.update({s: TreeSizePolicy(s.tree) for s in specs if s.tree_nodes == "auto" and s.arm in TREE_ARMS})
+    runner = ArmRunner(target, drafters)  # every arm finds its drafter through ARMS[arm].drafter
+    policies = {s: make_policy("auto", drafters[ARMS[s.arm].drafter]) for s in specs if s.draft_k == "auto"}
+    policies.update({s: TreeSizePolicy(s.tree) for s in specs if s.tree_nodes == "auto" and ARMS[s.arm].tree})
     results = {s: [] for s in specs}
     for s in specs:
         warmup = WARMUP_TOKENS if s in policies else 8  # the others only warm the code paths
@@ -174,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     import transformers
     from tqdm.auto import tqdm
 
-    from peagle.bench.arms import LABELS
+    from peagle.bench.arms import ARMS
     from peagle.bench.models import RANDOM_HEAD_WARNING, load_bench_target
     from peagle.evalsets import humaneval_prompts, mtbench_prompts
     from peagle.machine import apply_threads, cached_choice, cpu_facts, isa_label, parse_dtype
@@ -215,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
              f"CPU: {facts['cpu']}, {facts['cores']} cores, {isa_label(facts['flags'])}"
              + (f"; GPU: {torch.cuda.get_device_name(0)}" if target.device.type == "cuda" else ""),
              f"dtype {dtype_reason}", f"threads {threads}: {threads_why}"]
-    lines += [f"{LABELS[kind]} head: {src}" for kind, src in sources.items()]
+    lines += [f"{ARMS[kind].label} head: {src}" for kind, src in sources.items()]
     lines += ["", "| Arm | draft_k | Tokens/s | Acceptance length | Speed-up over plain | Draft + verify ms per cycle "
                   "| Break-even acceptance | Identical to plain (float32) |", "|---|---|---|---|---|---|---|---|"]
     for spec in specs:
@@ -230,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
             k += f", auto tree (mean {sum(nodes) / len(nodes):.1f} nodes)"
         draft_ms, verify_ms = cycle_split(calls)
         ident = _identity_cell(check_target, prompts, check[specs[0]], check[spec]) if spec.arm != "plain" else "-"
-        lines.append(f"| {LABELS[spec.arm]} | {k} | {tokens / wall:.1f} | {acc:.2f} | {tokens / wall / plain_otps:.2f}x "
+        lines.append(f"| {ARMS[spec.arm].label} | {k} | {tokens / wall:.1f} | {acc:.2f} | {tokens / wall / plain_otps:.2f}x "
                      f"| {draft_ms:.1f} + {verify_ms:.1f} | {(draft_ms + verify_ms) / step_ms:.2f} | {ident} |")
     costs = (cached_choice(target.config) or None) if target.device.type == "cpu" else None
     verify = ""
@@ -250,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     peagle_spec = next((s for s in specs if s.arm == "peagle"), specs[0])
     answer = target.tokenizer.decode(results[peagle_spec][0].sequences[0], skip_special_tokens=True)
     first_line = texts[0].strip().splitlines()
-    lines += ["", f"Start of one answer ({LABELS[peagle_spec.arm]}, prompt: {first_line[0][:70]!r} ...):", "    "
+    lines += ["", f"Start of one answer ({ARMS[peagle_spec.arm].label}, prompt: {first_line[0][:70]!r} ...):", "    "
               + answer[:300].replace("\n", "\n    "), "", f"done in {time.perf_counter() - t_start:.0f} s"]
     print("\n".join(lines))
     return 0

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from .arms import ARMS, AUTO_RULES, DEFAULT_ARMS, INEXACT_ARMS, ArmRunner
+from .arms import ARMS, AUTO_RULES, DEFAULT_ARMS, DRAFTERS, ArmRunner
 from .journal import Journal
 from .sweep import SweepConfig, chunks, count_runs, run_group
 
@@ -141,12 +141,11 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, checked: dict) -> int:
     from tqdm.auto import tqdm
 
-    from peagle import NgramDrafter
     from peagle.evalsets import dataset_label, load_prompts
     from peagle.machine import apply_threads, parse_dtype
     from peagle.prompts import encode_prompts
 
-    from .models import load_bench_target, load_head
+    from .models import load_bench_target
     from .report import human_report, json_line, machine_info, summary, write_csv, write_plots
 
     arms = checked["arms"]
@@ -168,19 +167,15 @@ def _run(args: argparse.Namespace, checked: dict) -> int:
     target = load_bench_target(args.model, dtype)
     threads, threads_why = apply_threads(args.threads or "auto")  # load_target applied its own default
     drafters, heads = {}, {}
-    for kind, path in (("peagle", args.peagle_head), ("eagle3", args.eagle3_head)):
-        if kind in arms or f"{kind}_tree" in arms:
-            head = load_head(kind, target, path, allow_trained=args.model == "embedded" or path is not None)
-            drafters[kind], heads[kind] = head.drafter, head.source
-    if "ngram" in arms:
-        drafters["ngram"], heads["ngram"] = NgramDrafter(), "prompt lookup (no weights)"
-    if "dflash" in arms:
-        dflash = _dflash_head(target, args.dflash_head)
-        if isinstance(dflash, str):
-            print(f"DFlash skipped: {dflash}", file=sys.stderr)
-        else:
-            drafters["dflash"], heads["dflash"] = dflash, f"trained: {args.dflash_head or 'dflash'}"
-    llamacpp = _llamacpp_runner(args, target, threads) if any(a in INEXACT_ARMS for a in arms) else None
+    for name, source in DRAFTERS.items():  # the drafters the chosen arms draft with, each loaded once
+        if any(ARMS[a].drafter == name for a in arms):
+            path = getattr(args, f"{name}_head", None)  # --peagle-head, --eagle3-head, --dflash-head
+            drafter, why = source.build(target, path, args.model == "embedded" or path is not None)
+            if drafter is None:
+                print(f"{ARMS[name].label} skipped: {why}", file=sys.stderr)
+            else:
+                drafters[name], heads[name] = drafter, why
+    llamacpp = _llamacpp_runner(args, target, threads) if any(ARMS[a].runs == "llamacpp" for a in arms) else None
     if isinstance(llamacpp, str):
         print(f"llama.cpp arms skipped: {llamacpp}", file=sys.stderr)
     elif llamacpp is not None:
@@ -197,7 +192,7 @@ def _run(args: argparse.Namespace, checked: dict) -> int:
                 "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "warmup": cfg.warmup, "seed": cfg.seed,
                 "tree_nodes": list(cfg.tree_nodes), "auto_rules": list(cfg.auto_rules)}}
     for kind, source in heads.items():
-        if not source.startswith("trained") and kind != "ngram":
+        if not source.startswith("trained") and (kind not in DRAFTERS or DRAFTERS[kind].weights):
             print(f"warning: {kind}: {source}", file=sys.stderr)
 
     journal = Journal(out_dir / "partial.jsonl", {k: v for k, v in meta.items()
@@ -233,22 +228,6 @@ def _run(args: argparse.Namespace, checked: dict) -> int:
     if args.json:
         print(line)
     return 0
-
-
-def _dflash_head(target, path: str | None = None):
-    """The DFlash head at ``path`` (default: the shipped one) for this target, or why there is none (a string)."""
-    import importlib.util
-
-    import peagle
-
-    if importlib.util.find_spec("peagle.drafters.dflash") is None:
-        return "peagle.drafters.dflash is not in this build"
-    try:
-        drafter = peagle.load_drafter(path or "dflash", target=target)
-    except (FileNotFoundError, KeyError, ValueError) as exc:
-        return f"no DFlash head at {path} ({exc})" if path else f"no shipped DFlash head ({exc})"
-    drafter.bind(target)
-    return drafter
 
 
 def _llamacpp_runner(args: argparse.Namespace, target, threads: int):

@@ -1,4 +1,9 @@
-"""The benchmark's arms and the one rule every arm's tokens are counted by.
+"""The benchmark's arms (one table, ``ARMS``) and the one rule every arm's tokens are counted by.
+
+``ARMS`` holds one :class:`Arm` per arm: its name, label, plot colour, what runs it, the drafter it
+drafts with (built by ``DRAFTERS``), whether it takes draft_k / "auto" / a tree, whether
+`peagle bench` runs it by default, and how `peagle demo` shows it. The bench, its report and the
+demo all read this table.
 
 An arm turns a batch of token-id prompts into generated token ids. peagle arms (plain, EAGLE-3,
 P-EAGLE, n-gram) run :func:`peagle.generate`; the peers run Hugging Face ``model.generate`` on the
@@ -10,6 +15,7 @@ batch is never counted.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -19,49 +25,134 @@ import peagle
 from peagle.autok import DraftKPolicy
 from peagle.autotree import TreeSizePolicy
 
-ARMS = ("plain", "eagle3", "peagle", "ngram", "hf_generate", "hf_prompt_lookup", "peagle_tree", "eagle3_tree",
-        "dflash", "llamacpp", "llamacpp_prompt_lookup")
-#: what `peagle bench` runs without --arms: the optional arms (a DFlash head, llama-cpp-python) only on request
-DEFAULT_ARMS = ARMS[:8]
-LABELS = {"plain": "plain", "eagle3": "EAGLE-3", "peagle": "P-EAGLE", "ngram": "n-gram",
-          "hf_generate": "HF generate", "hf_prompt_lookup": "HF prompt lookup",
-          "peagle_tree": "P-EAGLE tree", "eagle3_tree": "EAGLE-3 tree", "dflash": "DFlash",
-          "llamacpp": "llama.cpp", "llamacpp_prompt_lookup": "llama.cpp prompt lookup"}
-#: arms that take a draft_k
-DRAFTING = ("eagle3", "peagle", "ngram", "hf_prompt_lookup", "peagle_tree", "eagle3_tree", "dflash", "llamacpp_prompt_lookup")
-PEAGLE_ARMS = ("plain", "eagle3", "peagle", "ngram", "peagle_tree", "eagle3_tree", "dflash")  # arms that run peagle.generate
-DRAFTER_ARMS = ("eagle3", "peagle", "ngram", "dflash")  # arms whose drafter ArmRunner must be given
-#: arms on other weights or kernels (llama.cpp runs the quantised GGUF): token identity is not expected
-INEXACT_ARMS = ("llamacpp", "llamacpp_prompt_lookup")
-#: arms that cannot take draft_k="auto"
-NO_AUTO = ("hf_prompt_lookup", "llamacpp_prompt_lookup")
-#: tree arms: the drafter they use; the tree is dynamic, draft_k deep, ArmSpec.tree_nodes nodes (or "auto":
-#: peagle.autotree.TreeSizePolicy picks the budget every cycle)
-TREE_ARMS = {"peagle_tree": "peagle", "eagle3_tree": "eagle3"}
+
+@dataclass(frozen=True)
+class DemoPlan:
+    """How ``peagle demo`` shows an arm: draft_k="auto" beside a fixed K, or an auto-sized tree."""
+
+    order: int  # its row in the demo's table (plain decoding always comes first)
+    fixed_k: int | None = None  # the fixed draft_k shown beside draft_k="auto" (None: auto only)
+    tree_depth: int = 0  # > 0: a draft tree this deep, its node budget sized by peagle.autotree
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One benchmark arm: what ``peagle bench``, its report and ``peagle demo`` know about it."""
+
+    name: str  # the --arms name and the rows' "arm"
+    label: str  # how tables and plots name it
+    colour: str  # matplotlib colour of its lines in the plots
+    runs: str  # "peagle" (peagle.generate), "hf" (HF model.generate) or "llamacpp" (llama-cpp-python)
+    drafter: str = ""  # the key of DRAFTERS it drafts with; "" for none
+    drafts: bool = False  # takes a draft_k
+    auto: bool = True  # a drafting arm that also takes draft_k="auto"
+    tree: bool = False  # a dynamic tree, draft_k deep, ArmSpec.tree_nodes nodes (or "auto": TreeSizePolicy)
+    default: bool = True  # run by `peagle bench` without --arms (optional heads and peers only on request)
+    demo: DemoPlan | None = None  # shown by `peagle demo`
+
+    @property
+    def exact(self) -> bool:
+        """Whether token identity with plain decoding is expected at temperature 0 (llama.cpp runs the
+        quantised GGUF on other kernels)."""
+        return self.runs != "llamacpp"
+
+
+#: Every arm, in the order --arms lists them and the report sorts them. The demo's fixed_k is the best
+#: fixed draft_k measured on the 2-core CPU (K=3 for every drafter at concurrency 1, docs/benchmarks.md).
+#: A new arm is one more entry here (and, if it brings a new drafter, one in DRAFTERS).
+ARMS: dict[str, Arm] = {a.name: a for a in (
+    Arm("plain", "plain", "tab:gray", "peagle"),
+    Arm("eagle3", "EAGLE-3", "tab:orange", "peagle", "eagle3", drafts=True, demo=DemoPlan(1, fixed_k=3)),
+    Arm("peagle", "P-EAGLE", "tab:green", "peagle", "peagle", drafts=True, demo=DemoPlan(2, fixed_k=3)),
+    Arm("ngram", "n-gram", "tab:red", "peagle", "ngram", drafts=True, demo=DemoPlan(4, fixed_k=3)),
+    Arm("hf_generate", "HF generate", "tab:purple", "hf"),
+    Arm("hf_prompt_lookup", "HF prompt lookup", "tab:brown", "hf", drafts=True, auto=False),
+    Arm("peagle_tree", "P-EAGLE tree", "tab:olive", "peagle", "peagle", drafts=True, tree=True,
+        demo=DemoPlan(3, tree_depth=7)),
+    Arm("eagle3_tree", "EAGLE-3 tree", "tab:pink", "peagle", "eagle3", drafts=True, tree=True),
+    Arm("dflash", "DFlash", "tab:blue", "peagle", "dflash", drafts=True, default=False, demo=DemoPlan(5)),
+    Arm("llamacpp", "llama.cpp", "tab:cyan", "llamacpp", default=False),
+    Arm("llamacpp_prompt_lookup", "llama.cpp prompt lookup", "black", "llamacpp", drafts=True, auto=False,
+        default=False),
+)}
+DEFAULT_ARMS = tuple(name for name, a in ARMS.items() if a.default)
 DEFAULT_TREE_NODES = 32
 #: draft_k="auto" objectives (peagle.autok.DraftKPolicy), the default first: the batch's slowest row, or
 #: the pooled mean row
 AUTO_RULES = ("slowest_row", "pooled")
 
 
+def demo_arms() -> list[Arm]:
+    """The arms ``peagle demo`` shows after plain decoding, in its table's order."""
+    return sorted((a for a in ARMS.values() if a.demo is not None), key=lambda a: a.demo.order)
+
+
+@dataclass(frozen=True)
+class DrafterSource:
+    """How to get a drafter: ``build(target, path, allow_trained) -> (drafter, source)``, or
+    ``(None, why)`` when there is none (the arms that need it are then skipped)."""
+
+    build: Callable[[peagle.Target, str | None, bool], tuple[object | None, str]]
+    weights: bool = True  # a trained head whose source the reports name (n-gram has none)
+
+
+def _head(kind: str):
+    def build(target, path, allow_trained):
+        from .models import load_head
+
+        head = load_head(kind, target, path, allow_trained=allow_trained)
+        return head.drafter, head.source
+
+    return build
+
+
+def _ngram(target, path, allow_trained):
+    return peagle.NgramDrafter(), "prompt lookup (no weights)"
+
+
+def _dflash(target, path, allow_trained):
+    """The DFlash head at ``path`` (default: the shipped one) for this target, or why there is none;
+    never a random one (``allow_trained`` is ignored)."""
+    import importlib.util
+
+    if importlib.util.find_spec("peagle.drafters.dflash") is None:
+        return None, "peagle.drafters.dflash is not in this build"
+    try:
+        drafter = peagle.load_drafter(path or "dflash", target=target)
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        return None, f"no DFlash head at {path} ({exc})" if path else f"no shipped DFlash head ({exc})"
+    drafter.bind(target)
+    return drafter, f"trained: {path or 'dflash'}"
+
+
+#: Every drafter an arm can draft with (Arm.drafter), in the order `peagle bench` loads them.
+DRAFTERS: dict[str, DrafterSource] = {
+    "peagle": DrafterSource(_head("peagle")),
+    "eagle3": DrafterSource(_head("eagle3")),
+    "ngram": DrafterSource(_ngram, weights=False),
+    "dflash": DrafterSource(_dflash),
+}
+
+
 @dataclass(frozen=True)
 class ArmSpec:
-    arm: str  # one of ARMS
+    arm: str  # a key of ARMS
     draft_k: int | str = 0  # 0 for arms without drafts; "auto" = peagle.autok.DraftKPolicy
     tree_nodes: int | str = 0  # tree arms: the dynamic tree's node budget or "auto"; 0 for the others
     auto_rule: str = ""  # draft_k="auto": one of AUTO_RULES; "" otherwise
 
     @property
     def label(self) -> str:
-        k = "" if self.arm not in DRAFTING else f" K={self.draft_k}" if self.draft_k != "auto" else " auto"
+        arm = ARMS[self.arm]
+        k = "" if not arm.drafts else f" K={self.draft_k}" if self.draft_k != "auto" else " auto"
         if self.auto_rule == "pooled":
             k += " (pooled)"
-        nodes = f" {self.tree_nodes} nodes" if self.arm in TREE_ARMS else ""
-        return LABELS[self.arm] + k + nodes
+        nodes = f" {self.tree_nodes} nodes" if arm.tree else ""
+        return arm.label + k + nodes
 
     @property
     def tree(self) -> peagle.TreeConfig | None:
-        return peagle.TreeConfig(kind="dynamic", num_nodes=self.tree_nodes) if self.arm in TREE_ARMS else None
+        return peagle.TreeConfig(kind="dynamic", num_nodes=self.tree_nodes) if ARMS[self.arm].tree else None
 
 
 @dataclass
@@ -127,7 +218,7 @@ class ArmRunner:
 
     Args:
         target: the model every arm uses (HF arms call ``target.model.generate``).
-        drafters: arm name -> drafter, for "eagle3", "peagle", "ngram", "dflash".
+        drafters: drafter name (a key of DRAFTERS, an arm's ``drafter``) -> drafter.
         llamacpp: a :class:`peagle.bench.llamacpp.LlamaCppRunner` for the llama.cpp arms, or why
             there is none (a string).
     """
@@ -145,16 +236,15 @@ class ArmRunner:
         """None if the arm runs at this batch size, else why not."""
         if spec.arm == "hf_prompt_lookup" and batch_size > 1:
             return "HF assisted generation (prompt lookup) supports batch size 1 only"
-        if spec.arm in DRAFTER_ARMS and spec.arm not in self.drafters:
-            return f"no {spec.arm} drafter loaded"
-        if spec.arm in INEXACT_ARMS:
+        arm = ARMS[spec.arm]
+        if arm.drafter and arm.drafter not in self.drafters:
+            return f"no {arm.drafter} drafter loaded"
+        if arm.runs == "llamacpp":
             if self.llamacpp is None or isinstance(self.llamacpp, str):
                 return self.llamacpp or "llama-cpp-python is not set up"
             if batch_size > 1:
                 return "the llama.cpp arms run one prompt at a time (batch size 1)"
-        if spec.arm in TREE_ARMS and TREE_ARMS[spec.arm] not in self.drafters:
-            return f"no {TREE_ARMS[spec.arm]} drafter loaded"
-        drafter = self.drafters.get(TREE_ARMS.get(spec.arm, spec.arm))
+        drafter = self.drafters.get(arm.drafter)
         limit = getattr(drafter, "max_draft_k", None)
         if isinstance(spec.draft_k, int) and limit is not None and spec.draft_k > limit:
             return f"the head drafts at most {limit} tokens (trained depth)"
@@ -162,14 +252,15 @@ class ArmRunner:
 
     def __call__(self, spec: ArmSpec, prompts: list[list[int]], *, max_new_tokens: int, temperature: float,
                  seed: int, policy: DraftKPolicy | TreeSizePolicy | None = None) -> CallResult:
-        if spec.arm in PEAGLE_ARMS:
+        runs = ARMS[spec.arm].runs
+        if runs == "peagle":
             return self._peagle(spec, prompts, max_new_tokens, temperature, seed, policy)
-        if spec.arm in INEXACT_ARMS:
+        if runs == "llamacpp":
             return self.llamacpp(spec, prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
         return self._hf(spec, prompts, max_new_tokens, temperature, seed)
 
     def _peagle(self, spec, prompts, max_new_tokens, temperature, seed, policy) -> CallResult:
-        drafter = None if spec.arm == "plain" else self.drafters[TREE_ARMS.get(spec.arm, spec.arm)]
+        drafter = self.drafters[ARMS[spec.arm].drafter] if ARMS[spec.arm].drafter else None
         sized = isinstance(policy, TreeSizePolicy)  # the policy (kept across calls) sizes the tree
         draft_k = policy if spec.draft_k == "auto" else (spec.draft_k or 1)
         start = len(policy.history) if policy is not None else 0

@@ -15,18 +15,13 @@ import platform
 from pathlib import Path
 from statistics import median
 
-from .arms import DRAFTING, LABELS, TREE_ARMS
+from .arms import ARMS
 
 CSV_FIELDS = ["dataset", "temperature", "batch_size", "arm", "label", "draft_k", "tree_nodes", "mean_draft_k", "mean_nodes", "otps",
               "speedup_vs_baseline", "acceptance_length", "identical_to_plain", "first_divergence",
               "divergence_gap_max", "new_tokens", "wall_s",
               "draft_ms", "verify_ms", "other_ms", "prefill_s", "cycles", "max_new_tokens", "n_prompts",
               "repeats", "per_position_acceptance", "otps_all"]
-
-
-COLORS = {"plain": "tab:gray", "eagle3": "tab:orange", "peagle": "tab:green", "ngram": "tab:red",
-          "hf_generate": "tab:purple", "hf_prompt_lookup": "tab:brown", "peagle_tree": "tab:olive",
-          "eagle3_tree": "tab:pink", "dflash": "tab:blue", "llamacpp": "tab:cyan", "llamacpp_prompt_lookup": "black"}
 
 
 def machine_info() -> dict:
@@ -165,7 +160,7 @@ def auto_table(rows: list[dict]) -> str:
             continue
         ratio = _paired_ratio(r, best)
         rule = " (pooled)" if r.get("auto_rule") == "pooled" else ""
-        body.append([LABELS[r["arm"]] + rule, r["batch_size"], r["otps"], f"K={best['draft_k']}", best["otps"],
+        body.append([ARMS[r["arm"]].label + rule, r["batch_size"], r["otps"], f"K={best['draft_k']}", best["otps"],
                      f"{ratio:.3f}x", "yes" if round(ratio, 3) >= 0.95 else "no", _fmt(r.get("mean_draft_k"), 1)])
     for r in rows:  # tree_nodes="auto" against the best fixed budget at the same depth
         if r.get("tree_nodes") != "auto":
@@ -176,7 +171,7 @@ def auto_table(rows: list[dict]) -> str:
             continue
         best = max(fixed, key=lambda x: x["otps"])
         ratio = _paired_ratio(r, best)
-        body.append([f"{LABELS[r['arm']]} K={r['draft_k']} auto nodes", r["batch_size"], r["otps"],
+        body.append([f"{ARMS[r['arm']].label} K={r['draft_k']} auto nodes", r["batch_size"], r["otps"],
                      f"{best['tree_nodes']} nodes", best["otps"], f"{ratio:.3f}x",
                      "yes" if round(ratio, 3) >= 0.95 else "no", f"{r.get('mean_nodes', 0):.1f} nodes"])
     if not body:
@@ -197,7 +192,7 @@ def header(meta: dict) -> list[str]:
 
 
 def _summary_label(r: dict) -> str:
-    label = LABELS[r["arm"]] + (" auto" if r["draft_k"] == "auto" else "")
+    label = ARMS[r["arm"]].label + (" auto" if r["draft_k"] == "auto" else "")
     label += " (pooled)" if r.get("auto_rule") == "pooled" else ""
     return label + (" auto nodes" if r.get("tree_nodes") == "auto" else "")
 
@@ -218,9 +213,9 @@ def summary_table(rows: list[dict]) -> str:
                 continue
             best = max(cands, key=lambda r: r["otps"])
             setting = ""
-            if best["arm"] in DRAFTING and best["draft_k"] != "auto":
+            if ARMS[best["arm"]].drafts and best["draft_k"] != "auto":
                 setting = f", K={best['draft_k']}"
-            if best["arm"] in TREE_ARMS and best.get("tree_nodes") != "auto":
+            if ARMS[best["arm"]].tree and best.get("tree_nodes") != "auto":
                 setting += f" {best['tree_nodes']} nodes"
             speed = f"{best['speedup_vs_baseline']:.2f}x" if best.get("speedup_vs_baseline") else "-"
             cells.append(f"{best['otps']:,.1f} ({speed}{setting})")
@@ -280,8 +275,8 @@ def write_plots(rows: list[dict], out_dir: Path) -> list[Path]:
             pts = [(b, _best(g, arm, b)) for b in batches]
             pts = [(b, r["otps"]) for b, r in pts if r]
             if pts:
-                ax.plot(*zip(*pts), marker="o", color=COLORS[arm],
-                        label=LABELS[arm] + (" (best K)" if arm in DRAFTING else ""))
+                ax.plot(*zip(*pts), marker="o", color=ARMS[arm].colour,
+                        label=ARMS[arm].label + (" (best K)" if ARMS[arm].drafts else ""))
         ax.set(title=f"{dataset}, T={temp:g}", xlabel="concurrency (batch size)", ylabel="output tokens/s", xticks=batches)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -299,7 +294,7 @@ def write_plots(rows: list[dict], out_dir: Path) -> list[Path]:
             if cands:
                 r = max(cands, key=lambda r: r["draft_k"])
                 acc = r["per_position_acceptance"]
-                ax.plot(range(1, len(acc) + 1), acc, marker="o", color=COLORS[arm], ls=styles[gi % 4], label=f"{r['label']}, {dataset} T={temp:g}")
+                ax.plot(range(1, len(acc) + 1), acc, marker="o", color=ARMS[arm].colour, ls=styles[gi % 4], label=f"{r['label']}, {dataset} T={temp:g}")
     ax.set(xlabel="draft position", ylabel="P(draft accepted)", ylim=(0, 1.02), title="Acceptance by draft position (concurrency 1)")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
@@ -313,15 +308,15 @@ def write_plots(rows: list[dict], out_dir: Path) -> list[Path]:
     fig, axes = plt.subplots(1, len(batches), figsize=(4.5 * len(batches), 3.8), squeeze=False, sharey=True)
     for ax, b in zip(axes[0], batches):
         for gi, ((dataset, temp), g) in enumerate(groups):
-            lines = sorted({(r["arm"], r.get("tree_nodes") or 0) for r in g if r["arm"] in DRAFTING},
-                           key=lambda key: (DRAFTING.index(key[0]), str(key[1]).zfill(4)))  # one line per arm and tree size
+            lines = sorted({(r["arm"], r.get("tree_nodes") or 0) for r in g if ARMS[r["arm"]].drafts},
+                           key=lambda key: (list(ARMS).index(key[0]), str(key[1]).zfill(4)))  # one line per arm and tree size
             for arm, nodes in lines:
                 pts = sorted((r["draft_k"], r["speedup_vs_baseline"]) for r in g if r["arm"] == arm and r["batch_size"] == b
                              and (r.get("tree_nodes") or 0) == nodes and r["draft_k"] != "auto" and r.get("speedup_vs_baseline"))
                 if pts:
                     size = f" {nodes} nodes" if nodes else ""
-                    ax.plot(*zip(*pts), marker="o", color=COLORS[arm], ls=styles[gi % len(styles)],
-                            label=f"{LABELS[arm]}{size}, {dataset} T={temp:g}")
+                    ax.plot(*zip(*pts), marker="o", color=ARMS[arm].colour, ls=styles[gi % len(styles)],
+                            label=f"{ARMS[arm].label}{size}, {dataset} T={temp:g}")
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set(xlabel="draft_k", title=f"concurrency {b}")
         ax.grid(alpha=0.3)

@@ -16,18 +16,7 @@ from peagle.autok import make_policy
 from peagle.autotree import TreeSizePolicy
 from peagle.stats import per_cycle_ms
 
-from .arms import (
-    AUTO_RULES,
-    DEFAULT_TREE_NODES,
-    DRAFTING,
-    INEXACT_ARMS,
-    NO_AUTO,
-    TREE_ARMS,
-    ArmRunner,
-    ArmSpec,
-    CallResult,
-    first_divergence,
-)
+from .arms import ARMS, AUTO_RULES, DEFAULT_TREE_NODES, ArmRunner, ArmSpec, CallResult, first_divergence
 
 
 @dataclass(frozen=True)
@@ -46,13 +35,13 @@ class SweepConfig:
     def specs(self) -> list[ArmSpec]:
         out = []
         for arm in self.arms:
-            if arm in TREE_ARMS:
+            if ARMS[arm].tree:
                 out += [ArmSpec(arm, k, n) for k in self.draft_ks if k != "auto" for n in self.tree_nodes]
-            elif arm in DRAFTING:
+            elif ARMS[arm].drafts:
                 for k in self.draft_ks:
                     if k != "auto":
                         out.append(ArmSpec(arm, k))
-                    elif arm not in NO_AUTO:
+                    elif ARMS[arm].auto:
                         out += [ArmSpec(arm, k, auto_rule=rule) for rule in self.auto_rules]
             else:
                 out.append(ArmSpec(arm, 0))
@@ -121,7 +110,7 @@ def run_group(runner: ArmRunner, cfg: SweepConfig, prompts: list[list[int]], *, 
     policies = {}
     for spec in specs:  # warm-up (and the auto policies' first measurements)
         if spec.draft_k == "auto":
-            policies[spec] = make_policy("auto", runner.drafters[spec.arm],
+            policies[spec] = make_policy("auto", runner.drafters[ARMS[spec.arm].drafter],
                                          slowest_row=spec.auto_rule == "slowest_row")
         elif spec.tree_nodes == "auto":
             policies[spec] = TreeSizePolicy(spec.tree)
@@ -157,7 +146,7 @@ def run_group(runner: ArmRunner, cfg: SweepConfig, prompts: list[list[int]], *, 
             same = sum(x == y for x, y in zip(first_seqs[spec], first_seqs[plain]))
             # Under sampling outputs are equal in distribution only, and llama.cpp runs other kernels on
             # quantised weights: token identity is not expected of either.
-            exact = temperature == 0 and spec.arm not in INEXACT_ARMS
+            exact = temperature == 0 and ARMS[spec.arm].exact
             row["identical_to_plain"] = same / len(first_seqs[plain]) if exact else None
             if exact and same < len(first_seqs[plain]):
                 div = [first_divergence(runner.target, p, a, b) for p, a, b in

@@ -323,3 +323,15 @@ def test_tokens_per_s_excludes_the_prompt_pass():
     s = peagle.GenerationStats(draft_k=0, new_tokens=10, target_passes=10, accepted_tokens=0, per_position_acceptance=[],
                                wall_time_s=2.0, draft_time_s=0.0, verify_time_s=1.5, prefill_time_s=1.0, cycles=10)
     assert s.tokens_per_s == 10.0 and s.tokens_per_s_with_prefill == 5.0
+
+
+def test_one_table_of_arms_drives_bench_report_and_demo():
+    from peagle.bench.arms import ARMS, DEFAULT_ARMS, DRAFTERS, demo_arms
+
+    assert DEFAULT_ARMS == ("plain", "eagle3", "peagle", "ngram", "hf_generate", "hf_prompt_lookup", "peagle_tree",
+                            "eagle3_tree")
+    assert all(a.drafter in DRAFTERS and a.drafts for a in ARMS.values() if a.drafter)
+    assert all(a.drafter for a in ARMS.values() if a.tree)  # a tree arm drafts with a head
+    assert len({a.colour for a in ARMS.values()}) == len(ARMS) and len({a.label for a in ARMS.values()}) == len(ARMS)
+    assert [a.name for a in demo_arms()] == ["eagle3", "peagle", "peagle_tree", "ngram", "dflash"]
+    assert [a.name for a in ARMS.values() if not a.exact] == ["llamacpp", "llamacpp_prompt_lookup"]

@@ -1,8 +1,11 @@
-"""DrafterConfig: the shape of an EAGLE-3 / P-EAGLE head (frozen, validated on creation)."""
+"""DrafterConfig: the shape of an EAGLE-3 / P-EAGLE head (frozen, validated on creation), and what
+every kind of head copies from its target (:func:`layer_shape`, :func:`choose_mask_token_id`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from .target import check_aux_layer_ids
 
 
 def layer_shape(target) -> dict[str, Any]:
@@ -21,6 +24,36 @@ def layer_shape(target) -> dict[str, Any]:
         intermediate_size=int(getattr(tc, "intermediate_size", None) or 4 * target.hidden_size),
         rope_theta=float(rope_theta),
     )
+
+
+def choose_mask_token_id(target) -> int:
+    """P-EAGLE's (and DFlash's) mask token id: a real embedding row the target never emits.
+
+    Serving engines look the id up in the head's config (``mask_token_id``/``ptd_token_id``); it
+    must not collide with a token the target produces. Prefer a declared-but-unused special token (pad/unk distinct from eos and bos, or a
+    reserved/unused added token); else the last row of the embedding table beyond the tokenizer
+    (padding rows), else the last vocabulary id."""
+    tok = target.tokenizer
+    vocab = target.vocab_size
+    used = set(target.eos_token_ids)
+    if tok is not None:
+        for attr in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(tok, attr, None)
+            if value is not None:
+                used.add(int(value))
+        # Rows beyond the tokenizer's vocabulary are never produced by the tokenizer.
+        if len(tok) < vocab:
+            return vocab - 1
+        added = sorted(getattr(tok, "get_added_vocab", dict)().items(), key=lambda kv: -kv[1])
+        for token, token_id in added:
+            if token_id not in used and ("reserved" in token or "unused" in token):
+                return int(token_id)
+        # Else the highest-id added special token that is not bos/eos/pad and not a chat-turn
+        # marker (SmolLM2: `<empty_output>`, 16): chat models do not emit these.
+        for token, token_id in added:
+            if token_id not in used and token_id < vocab and not any(m in token for m in ("im_start", "im_end", "start_of_turn", "end_of_turn", "eot")):
+                return int(token_id)
+    return vocab - 1
 
 
 @dataclass(frozen=True)
@@ -54,8 +87,6 @@ class DrafterConfig:
                 f"num_key_value_heads ({self.num_key_value_heads})")
         if self.draft_vocab_size > self.vocab_size:
             raise ValueError(f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}], got {self.draft_vocab_size}")
-        from .target import check_aux_layer_ids
-
         check_aux_layer_ids(self.aux_layer_ids)
         if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id must be in [0, {self.vocab_size}), got {self.mask_token_id}")
@@ -70,10 +101,8 @@ class DrafterConfig:
                    mask_token_id: int | None = None, **overrides) -> "DrafterConfig":
         """A head shaped like the target's own layers (EAGLE convention).
 
-        ``mask_token_id`` defaults to :func:`peagle.drafters.mask_token.choose_mask_token_id`.
+        ``mask_token_id`` defaults to :func:`choose_mask_token_id`.
         """
-        from .drafters.mask_token import choose_mask_token_id
-
         tc = target.text_config
         values = dict(
             **layer_shape(target),

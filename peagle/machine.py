@@ -3,7 +3,7 @@
 ``dtype="auto"`` (``peagle.load_target``, ``Target.from_pretrained``): on CUDA, bfloat16. On a CPU
 the target's own forward cost is measured once per machine over 1, 2, 4 and 8 new tokens at a
 100-token context, in float32 and in a bfloat16 copy (medians of 5 shuffled rounds; 11.7 s of CPU time for
-SmolLM2-135M), and the result is cached as JSON under ``peagle.embedded.cache_dir()`` keyed by
+SmolLM2-135M), and the result is cached as JSON under ``peagle.machine.cache_dir()`` keyed by
 the CPU model, its matmul-relevant flags, torch version, thread count and the model's shape.
 :func:`choose_dtype` then applies one rule:
 
@@ -37,6 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .dtypes import DTYPES
+from .forward_cost import measure_interleaved
 
 #: /proc/cpuinfo flags that decide how fast a bf16 or fp32 matmul runs
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
@@ -125,8 +128,6 @@ class DtypeChoice:
 
 def parse_dtype(dtype) -> torch.dtype | str:
     """A torch dtype, or "auto"; names such as "bf16" / "float32" are accepted (peagle.dtypes)."""
-    from .dtypes import DTYPES
-
     if dtype is None or dtype == "auto" or isinstance(dtype, torch.dtype):
         return "auto" if dtype is None else dtype
     name = str(dtype).replace("torch.", "").lower()
@@ -172,9 +173,13 @@ def cache_key(facts: dict, threads: int, signature: str) -> str:
     return f"{facts['cpu']}|{','.join(sorted(facts['flags']))}|torch {facts['torch']}|{threads} threads|{signature}"
 
 
-def _cache_path() -> Path:
-    from .embedded import cache_dir
+def cache_dir() -> Path:
+    """peagle's cache directory: ``PEAGLE_CACHE``, else ``$XDG_CACHE_HOME/peagle`` (``~/.cache/peagle``)."""
+    root = os.environ.get("PEAGLE_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "peagle")
+    return Path(root)
 
+
+def _cache_path() -> Path:
     return cache_dir() / CACHE_FILE
 
 
@@ -209,16 +214,13 @@ def measure_costs(target, rounds: int = 5) -> dict:
     """{"float32": {n: ms}, "bfloat16": {n: ms}}: a float32 target's forward over n new tokens at a
     100-token context and the same for a bfloat16 copy, timed in the same shuffled rounds (the
     target is left untouched)."""
-    from .bench.forward_cost import measure_interleaved
-    from .target import Target
-
     ids = target.aux_layer_ids
     target.remove_hooks()  # a deep copy would carry hooks that point at this target
     try:
         twin = copy.deepcopy(target.model).to(torch.bfloat16)
     finally:
         target.set_aux_layer_ids(ids)
-    twin_target = Target(twin, target.tokenizer, aux_layer_ids=ids)
+    twin_target = type(target)(twin, target.tokenizer, aux_layer_ids=ids)
     try:
         got = measure_interleaved({"float32": target, "bfloat16": twin_target}, list(MEASURE_TOKENS), 1,
                                   MEASURE_CONTEXT, rounds)

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import torch
 from torch import nn
+
+from . import machine
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
@@ -91,11 +94,7 @@ class Target:
         machine verifies fastest in, measured once on this model and cached (``peagle.machine``).
         ``target.dtype_reason`` says which and why.
         """
-        from pathlib import Path
-
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-        from . import machine
 
         if Path(path_or_id).is_dir() and not (Path(path_or_id) / "config.json").is_file():
             raise ValueError(f"path_or_id: {path_or_id} has no config.json; a Hugging Face model directory holds "

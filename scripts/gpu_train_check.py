@@ -64,13 +64,14 @@ def make_data(target, out: Path, prompts: int, prompt_len: int, new_tokens: int,
 def train_kind(kind_name: str, target, data: Path, train_shards: str, seconds: float, device: str, vocab: int,
                bf16: bool, batch: int, max_len: int) -> tuple[dict, object]:
     """The trainer's step for ``seconds``; returns throughput figures and the head."""
-    from peagle import kinds
+    from peagle.train import kinds
     from peagle.train.trainer import TrainConfig, TrainSet, _seq_generator, global_batch, make_optimizer, micro_batches, trainable
 
     kind = kinds.get(kind_name)
-    cfg = TrainConfig(kind=kind_name, data=str(data), out=str(data / f"run_{kind_name}"), shards=train_shards,
-                      draft_vocab_size=vocab, batch_size=batch, max_len=max_len, micro_batch_tokens=batch * max_len,
-                      lr=1e-3, warmup_steps=10, **KIND_OPTIONS.get(kind_name, {}))
+    cfg = TrainConfig.from_dict(dict(kind=kind_name, data=str(data), out=str(data / f"run_{kind_name}"), shards=train_shards,
+                                     draft_vocab_size=vocab, batch_size=batch, max_len=max_len,
+                                     micro_batch_tokens=batch * max_len, lr=1e-3, warmup_steps=10,
+                                     **KIND_OPTIONS.get(kind_name, {})))
     kind.prepare_target(cfg, target)
     used = kind.train_vocab(cfg, target)
     ds = TrainSet(cfg.data, cfg.max_len, target, used, "cache", cfg.shards)
@@ -127,7 +128,7 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-sequences", type=int, default=16)
     ap.add_argument("--dry-run", action="store_true", help="tiny target on the CPU, a few seconds per kind")
     args = ap.parse_args(argv)
-    from peagle import kinds
+    from peagle.train import kinds
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -147,7 +148,7 @@ def main(argv=None) -> int:
     n_shards = -(-sizes["prompts"] // sizes["shard"])
     setup_s = time.perf_counter() - t0
     rows = []
-    for name in args.kinds or kinds.names(trainable=True):
+    for name in args.kinds or kinds.names():
         try:
             rec, head = train_kind(name, target.to_device(device), data, f"1-{n_shards - 1}", seconds, device,
                                    sizes["vocab"], bf16, sizes["batch"], sizes["max_len"])

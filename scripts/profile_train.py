@@ -28,8 +28,11 @@ import torch
 if "peagle" not in sys.modules:  # scripts/train_speed.py imports another tree's peagle first
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from peagle.train.forward import StepStats, eagle3_step, peagle_step  # noqa: E402
-from peagle.train.plan import pack, plan_eagle3, plan_peagle  # noqa: E402
+from peagle.embedded import load_target_by_name  # noqa: E402
+from peagle.train.eagle3 import eagle3_step, plan_eagle3  # noqa: E402
+from peagle.train.forward import StepStats  # noqa: E402
+from peagle.train.peagle import peagle_step, plan_peagle  # noqa: E402
+from peagle.train.plan import pack  # noqa: E402
 from peagle.train.trainer import (  # noqa: E402
     TrainConfig,
     TrainSet,
@@ -58,13 +61,12 @@ class Session:
 
     def __init__(self, kind: str, data: str, shards: str | None, precision: str = "fp32", seed: int = 0,
                  target=None, step_kwargs: dict | None = None, **overrides):
-        from peagle.train.data import load_target_by_name
         from peagle.train.vocab import load_draft_vocab
 
         opts = dict(draft_vocab_size=6144, batch_size=8, max_len=1024, micro_batch_tokens=4096, lr=1e-3,
                     warmup_steps=20, **RECIPE[kind])
         opts.update(overrides)
-        self.cfg = TrainConfig(kind=kind, data=data, out="unused", shards=shards, seed=seed, **opts)
+        self.cfg = TrainConfig.from_dict(dict(kind=kind, data=data, out="unused", shards=shards, seed=seed, **opts))
         self.target = target if target is not None else load_target_by_name(self.cfg.target, self.cfg.target_dtype)
         used = load_draft_vocab(data, self.cfg.draft_vocab_size)
         self.data = TrainSet(data, self.cfg.max_len, self.target, used, "cache", shards)
@@ -78,6 +80,7 @@ class Session:
     def step(self, step: int) -> dict:
         """One optimizer step of global step ``step``; returns seconds per phase, elements and the loss."""
         cfg, head, data = self.cfg, self.head, self.data
+        o = cfg.options
         t = {"plan": 0.0, "data": 0.0, "forward+backward": 0.0, "optimizer": 0.0}
         t0 = time.process_time()
         plans = []
@@ -86,12 +89,12 @@ class Session:
             packed = pack([data.rows[i][2] for i in mb], [data.rows[i][3] for i in mb])
             if cfg.kind == "peagle":
                 gens = [_seq_generator(cfg, step, i) for i in mb]
-                plan = plan_peagle(packed, cfg.max_depth, head.config.mask_token_id, cfg.cod_ratio,
-                                   cfg.cod_min_ratio, gens)
+                plan = plan_peagle(packed, o.max_depth, head.config.mask_token_id, o.cod_ratio,
+                                   o.cod_min_ratio, gens)
                 counts = torch.tensor([float(plan.num_supervised)])
             else:
-                plan = plan_eagle3(packed, cfg.ttt_steps)
-                counts = torch.tensor(plan.counts(cfg.ttt_steps), dtype=torch.float)
+                plan = plan_eagle3(packed, o.ttt_steps)
+                counts = torch.tensor(plan.counts(o.ttt_steps), dtype=torch.float)
             plans.append((mb, plan, counts))
         counts = sum(c for _, _, c in plans)
         t["plan"] = time.process_time() - t0
@@ -107,9 +110,9 @@ class Session:
             t2 = time.process_time()
             with autocast(self.precision):
                 if cfg.kind == "peagle":
-                    st = peagle_step(head, plan, feats, float(counts.clamp_min(1).item()), cfg.segments, **kwargs)
+                    st = peagle_step(head, plan, feats, float(counts.clamp_min(1).item()), o.segments, **kwargs)
                 else:
-                    st = eagle3_step(head, plan, feats, counts.tolist(), cfg.ttt_steps, **kwargs)
+                    st = eagle3_step(head, plan, feats, counts.tolist(), o.ttt_steps, **kwargs)
             t3 = time.process_time()
             t["data"] += t2 - t1
             t["forward+backward"] += t3 - t2

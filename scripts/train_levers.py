@@ -58,7 +58,7 @@ def _opt(args: list[str], name: str, default: str) -> str:
 
 def elements_per_step(data, mask_id: int, args: list[str], steps: int = 12) -> float:
     """Mean drafter elements (depth 0 + COD chains) of the run's first ``steps`` batches."""
-    from peagle.train.plan import plan_peagle
+    from peagle.train.peagle import plan_peagle
     from peagle.train.trainer import global_batch
 
     batch, depth = int(_opt(args, "--batch-size", "8")), int(_opt(args, "--max-depth", "8"))
@@ -159,7 +159,7 @@ def main(argv=None) -> int:
     ap.add_argument("--peagle", default=str(ROOT / "peagle/heads/peagle"))
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    from peagle.train.data import load_target_by_name
+    from peagle.embedded import load_target_by_name
     from peagle.train.trainer import TrainSet
     from peagle.train.vocab import load_draft_vocab
 

@@ -6,7 +6,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import peagle
-from peagle.checkpoint import CheckpointError, expected_shapes, from_pretrained, load_drafter, save_pretrained
+from peagle.checkpoint import CheckpointError, from_pretrained, load_drafter, save_pretrained
+from peagle.drafters.eagle_format import expected_shapes
 from peagle.export import export
 from peagle.train.tiny import tiny_head, tiny_target
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import peagle
-from peagle.dflash_format import DFlashCheckpointError, config_from_dict, load_dflash, save_dflash
 from peagle.drafters.dflash import DFlashConfig, DFlashDrafter
+from peagle.drafters.dflash.format import DFlashCheckpointError, config_from_dict, load_dflash, save_dflash
 from tiny_models import hf_greedy, tiny_model
 
 LAYER_KEYS = [

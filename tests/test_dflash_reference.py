@@ -66,8 +66,8 @@ def test_a_head_saved_by_the_reference_loads_and_drafts_identically(tmp_path):
     from dflash.model import DFlashDraftModel
     from transformers import Qwen3Config
 
-    from peagle.dflash_format import config_to_dict, load_dflash
     from peagle.drafters.dflash import DFlashConfig
+    from peagle.drafters.dflash.format import config_to_dict, load_dflash
 
     target = peagle.Target(tiny_model("qwen3"))
     cfg = config_to_dict(DFlashConfig.for_target(target, num_layers=2, block_size=8), torch.float32)

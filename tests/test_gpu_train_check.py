@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from peagle import kinds
+from peagle.train import kinds as train_kinds
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,7 +19,7 @@ def test_gpu_train_check_dry_run(tmp_path):
     report = json.loads((tmp_path / "train_check.json").read_text())
     assert report["dry_run"] is True
     by_kind = {r["kind"]: r for r in report["rows"]}
-    assert set(by_kind) == set(kinds.names(trainable=True))
+    assert set(by_kind) == set(train_kinds.names())
     for kind in ("peagle", "eagle3"):  # DFlash's trainer is another module's; its row may carry an error
         r = by_kind[kind]
         assert "error" not in r, r

@@ -6,8 +6,10 @@ import torch
 
 import peagle
 from peagle import kinds
+from peagle.checkpoint import detect_kind
 from peagle.drafters.base import DraftStep
 from peagle.sampling import SamplingParams
+from peagle.train import kinds as train_kinds
 from peagle.train.tiny import tiny_head, tiny_target
 
 HEAD_CLASSES = {"peagle": peagle.PEagleDrafter, "eagle3": peagle.Eagle3Drafter}
@@ -38,7 +40,7 @@ def _drafts(head, target, k: int = 3) -> torch.Tensor:
 
 def test_registry_lookups(target):
     assert kinds.names()[:2] == ["peagle", "eagle3"]
-    assert {"peagle", "eagle3"} <= set(kinds.names(trainable=True))
+    assert {"peagle", "eagle3"} <= set(train_kinds.names())
     for name, cls in HEAD_CLASSES.items():
         kind = kinds.get(name)
         assert kinds.get(kind) is kind and kind.name == name and kind.drafter_class is cls
@@ -59,18 +61,18 @@ def test_unknown_kind_is_a_clear_error(target):
     from peagle.checkpoint import CheckpointError
 
     with pytest.raises(CheckpointError, match="'medusa'"):
-        kinds.detect({"peagle": {"drafter": "medusa"}}, set())
+        detect_kind({"peagle": {"drafter": "medusa"}}, set())
 
 
 def test_detect_from_config_and_tensors():
     eagle = {"architectures": ["Eagle3LlamaForCausalLM"], "hidden_size": 8}
-    assert kinds.detect(eagle, {"fc.weight"}).name == "eagle3"
+    assert detect_kind(eagle, {"fc.weight"}).name == "eagle3"
     # a mask token key alone does not make a P-EAGLE head: mask_hidden must be there too
-    assert kinds.detect({**eagle, "mask_token_id": 3}, {"fc.weight"}).name == "eagle3"
-    assert kinds.detect({**eagle, "mask_token_id": 3}, {"fc.weight", "mask_hidden"}).name == "peagle"
-    assert kinds.detect({"architectures": ["SomeExporterEagle3"], "ptd_token_id": 3}, {"mask_hidden"}).name == "peagle"
-    assert kinds.detect({"peagle": {"drafter": "eagle3"}}, {"mask_hidden"}).name == "eagle3"  # our own key wins
-    assert kinds.detect({"architectures": ["DFlashDraftModel"]}, set()).name == "dflash"
+    assert detect_kind({**eagle, "mask_token_id": 3}, {"fc.weight"}).name == "eagle3"
+    assert detect_kind({**eagle, "mask_token_id": 3}, {"fc.weight", "mask_hidden"}).name == "peagle"
+    assert detect_kind({"architectures": ["SomeExporterEagle3"], "ptd_token_id": 3}, {"mask_hidden"}).name == "peagle"
+    assert detect_kind({"peagle": {"drafter": "eagle3"}}, {"mask_hidden"}).name == "eagle3"  # our own key wins
+    assert detect_kind({"architectures": ["DFlashDraftModel"]}, set()).name == "dflash"
 
 
 @pytest.mark.parametrize("name", ["peagle", "eagle3"])

@@ -17,8 +17,8 @@ from peagle.drafters.base import DraftStep
 from peagle.drafters.dflash import DFlashConfig, DFlashDrafter
 from peagle.sampling import SamplingParams
 from peagle.train.cli import main as train_main
-from peagle.train.dflash import block_attention, block_mask, default_gamma, plan_dflash, sample_anchors
-from peagle.train.dflash_step import Readout, dflash_forward, dflash_step
+from peagle.train.dflash.plan import block_attention, block_mask, default_gamma, plan_dflash, sample_anchors
+from peagle.train.dflash.step import Readout, dflash_forward, dflash_step
 from peagle.train.forward import Features
 from peagle.train.plan import pack
 from peagle.train.tiny import make_tiny_data, save_tiny_target, tiny_target

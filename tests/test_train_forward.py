@@ -5,8 +5,10 @@ import torch.nn.functional as F
 
 from peagle.drafters.base import DraftStep
 from peagle.sampling import SamplingParams
-from peagle.train.forward import Features, PassRunner, eagle3_step, kl_target_draft, peagle_step
-from peagle.train.plan import depth0, eagle3_depths, pack, peagle_chains, plan_eagle3, plan_peagle
+from peagle.train.eagle3 import eagle3_depths, eagle3_step, plan_eagle3
+from peagle.train.forward import Features, PassRunner, kl_target_draft
+from peagle.train.peagle import peagle_chains, peagle_step, plan_peagle
+from peagle.train.plan import depth0, pack
 from peagle.train.tiny import tiny_head, tiny_target
 
 

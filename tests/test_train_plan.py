@@ -2,7 +2,9 @@
 import torch
 
 from peagle.train.attention import visible
-from peagle.train.plan import cod_counts, depth0, eagle3_depths, pack, peagle_chains, segments
+from peagle.train.eagle3 import eagle3_depths
+from peagle.train.peagle import cod_counts, peagle_chains, segments
+from peagle.train.plan import depth0, pack
 
 MASK = 99
 

@@ -77,7 +77,7 @@ def test_runs_written_before_the_option_resume_without_it(tmp_path):
     from peagle.train.trainer import TrainConfig, check_resume_config
 
     cfg = TrainConfig(kind="peagle", data="d", out="o")
-    saved = {k: v for k, v in cfg.__dict__.items() if k != "precondition"}
+    saved = {k: v for k, v in cfg.flat().items() if k != "precondition"}
     (tmp_path / "trainer_state.json").write_text(json.dumps({"step": 3, "config": saved}))
     check_resume_config(tmp_path, cfg)  # an old run trained without it, as the default does
     with pytest.raises(ValueError, match="precondition"):

@@ -12,8 +12,10 @@ import torch
 
 from peagle.train import attention, forward
 from peagle.train.attention import KeyGroup, chunk_plan, packed_attention, visible
-from peagle.train.forward import Features, eagle3_step, peagle_step
-from peagle.train.plan import depth0, pack, peagle_chains, plan_eagle3, plan_peagle
+from peagle.train.eagle3 import eagle3_step, plan_eagle3
+from peagle.train.forward import Features
+from peagle.train.peagle import peagle_chains, peagle_step, plan_peagle
+from peagle.train.plan import depth0, pack
 from peagle.train.tiny import tiny_head, tiny_target
 
 
@@ -166,8 +168,8 @@ def test_bf16_attention_matches_fp32_dense_values_and_gradients(hkv):
 def test_mask_row_embedding_trains_like_the_masked_full_table(target):
     # only the mask row trains: a frozen table + a one-row parameter gives the result of a full
     # trainable table whose other rows' gradients are zeroed, at a fraction of the optimizer's work
+    from peagle.train.eagle import attach_embedding
     from peagle.train.embedding import RowTrainedEmbedding
-    from peagle.train.trainer import attach_embedding
 
     def curve(mode_rows):
         head = tiny_head(target, "peagle", layers=2, max_draft_k=4)

@@ -16,6 +16,7 @@ import torch
 
 import peagle
 from peagle import kinds
+from peagle.embedded import load_target_by_name
 
 RANDOM_HEAD_WARNING = "random-init head: acceptance is meaningless"
 
@@ -28,11 +29,9 @@ def tiny_target(seed: int = 0, dtype: torch.dtype = torch.float32) -> peagle.Tar
 
 
 def load_bench_target(model: str = "embedded", dtype: torch.dtype | str = torch.bfloat16) -> peagle.Target:
-    """"tiny" (:func:`tiny_target`), else any name :func:`peagle.train.data.load_target_by_name` takes."""
+    """"tiny" (:func:`tiny_target`), else any name :func:`peagle.embedded.load_target_by_name` takes."""
     if model == "tiny":
         return tiny_target(dtype=dtype)
-    from ..train.data import load_target_by_name
-
     return load_target_by_name(model, dtype)
 
 

@@ -11,6 +11,7 @@ import torch
 from ..config import DrafterConfig
 from ..tree import DraftTree, TreeConfig, tree_from_nodes
 from .base import Draft, DraftStep
+from .eagle_format import EagleKind
 from .head import DraftHead
 from .layers import masked_attention
 
@@ -114,3 +115,12 @@ def _best_subtree(tokens, scores, parents, depths, root, budget) -> DraftTree:
                 index[j + 1] = len(nodes)
         rows.append(nodes)
     return tree_from_nodes(rows, root, tokens.device)
+
+
+class Eagle3Kind(EagleKind):
+    """EAGLE-3 heads: the EAGLE-3 layout as engines load it."""
+
+    name = "eagle3"
+    description = "train an EAGLE-3 head"
+    default_layers = 1
+    drafter_class = Eagle3Drafter

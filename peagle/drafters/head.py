@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..checkpoint import load_drafter, save_pretrained
 from ..config import DrafterConfig
 from ..sampling import SamplingParams, process_logits, sample_from_weights
 from .base import DrafterBase, DraftStep
@@ -87,8 +88,6 @@ class DraftHead(nn.Module, DrafterBase):
     # -- Hugging Face convention: save_pretrained / from_pretrained ------------------------
     def save_pretrained(self, path, **options):
         """Write the head to directory ``path`` in the layout engines load (peagle.checkpoint.save_pretrained)."""
-        from ..checkpoint import save_pretrained
-
         return save_pretrained(self, path, **options)
 
     @classmethod
@@ -97,8 +96,6 @@ class DraftHead(nn.Module, DrafterBase):
 
         ValueError if the directory holds another kind (e.g. a P-EAGLE head through Eagle3Drafter).
         """
-        from ..checkpoint import load_drafter
-
         return load_drafter(name_or_path, target=target, dtype=dtype, device=device, expect=cls)
 
     @property

@@ -20,6 +20,7 @@ from torch import nn
 from ..config import DrafterConfig
 from ..tree import DraftTree, TreeConfig, build_tree
 from .base import Draft, DraftStep
+from .eagle_format import MASK_TOKEN_KEYS, EagleKind
 from .head import DraftHead
 
 
@@ -67,3 +68,22 @@ class PEagleDrafter(DraftHead):
     def depth_logprobs(self, step: DraftStep, depth: int) -> torch.Tensor:
         """Full-vocabulary log q for depths 1..depth from one pass, [B, depth, V] (for trees)."""
         return self.full_vocab_logits(self.draft_logits(step, depth)).log_softmax(-1)
+
+
+class PEagleKind(EagleKind):
+    """P-EAGLE heads: the EAGLE-3 layout + a mask token (config keys) and ``mask_hidden``."""
+
+    name = "peagle"
+    description = "train a P-EAGLE head"
+    default_layers = 4  # the P-EAGLE releases
+    drafter_class = PEagleDrafter
+
+    def claims(self, cfg_dict, tensor_names) -> bool:
+        # A mask token key alone (an EAGLE-3 head exported with one) is not P-EAGLE: it needs mask_hidden.
+        return any(cfg_dict.get(k) is not None for k in MASK_TOKEN_KEYS) and "mask_hidden" in tensor_names
+
+    def extra_config(self, cfg) -> dict:
+        return {"mask_token_id": cfg.mask_token_id, "ptd_token_id": cfg.mask_token_id}
+
+    def extra_shapes(self, cfg) -> dict[str, tuple[int, ...]]:
+        return {"mask_hidden": (1, 1, cfg.aux_hidden_size)}

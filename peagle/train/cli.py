@@ -77,7 +77,7 @@ def _add_vocab(p: argparse.ArgumentParser) -> None:
 
 
 def _run_vocab(args) -> int:
-    from ..drafters.mask_token import choose_mask_token_id
+    from ..config import choose_mask_token_id
     from .data import load_target_by_name
     from .vocab import build_draft_vocab
 
@@ -114,19 +114,19 @@ def _run_features(args) -> int:
 
 
 def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
-    from .. import kinds
+    from . import kinds
     from .trainer import TrainConfig
 
     d = TrainConfig(kind=kind, data="", out="")
-    head_kind = kinds.get(kind)
+    train_kind = kinds.get(kind)
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True, help="run directory (resumes from its last checkpoint)")
     p.add_argument("--target", default=d.target)
     p.add_argument("--target-dtype", default=d.target_dtype, choices=DTYPE_NAMES,
                    help="dtype the target is served in (must match the features cache)")
-    p.add_argument("--layers", type=int, default=None, help=f"decoder layers (default {head_kind.default_layers})")
+    p.add_argument("--layers", type=int, default=None, help=f"decoder layers (default {train_kind.head_kind.default_layers})")
     p.add_argument("--intermediate-size", type=int, default=None, help="MLP width (default: the target's)")
-    head_kind.add_train_arguments(p, d)
+    train_kind.add_arguments(p, d.options)
     p.add_argument("--draft-vocab-size", type=int, default=d.draft_vocab_size)
     p.add_argument("--init-from", default=None, help="start from this saved head's weights (fresh optimizer and schedule)")
     p.add_argument("--init-lm-head", default=d.init_lm_head, choices=["target", "random"],
@@ -158,13 +158,11 @@ def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
 
 
 def _run_train(args, kind: str) -> int:
-    from dataclasses import fields
-
     from .trainer import TrainConfig, train
 
-    names = {f.name for f in fields(TrainConfig)}
+    names = TrainConfig(kind=kind, data="", out="").flat().keys() - {"kind"}
     values = {k: v for k, v in vars(args).items() if k in names}
-    print(train(TrainConfig(kind=kind, **values)))
+    print(train(TrainConfig.from_dict({"kind": kind, **values})))
     return 0
 
 
@@ -191,18 +189,18 @@ def _run_evaluate(args) -> int:
 
 
 def _train_subcommand(kind):
-    """`peagle train NAME` for a trainable head kind of the registry (peagle.kinds)."""
+    """`peagle train NAME` for a trainable head kind of the registry (peagle.train.kinds)."""
     return (lambda p: _add_train(p, kind.name), lambda a: _run_train(a, kind.name), kind.description)
 
 
 def _subcommands() -> dict:
-    from .. import kinds
+    from . import kinds
 
     return {
         "data": (_add_data, _run_data, "regenerate answers to training prompts with the target"),
         "vocab": (_add_vocab, _run_vocab, "choose the draft vocabulary (top-N answer tokens)"),
         "features": (_add_features, _run_features, "cache the target's teacher-forced features"),
-        **{name: _train_subcommand(kinds.get(name)) for name in kinds.names(trainable=True)},
+        **{name: _train_subcommand(kinds.get(name)) for name in kinds.names()},
         "evaluate": (_add_evaluate, _run_evaluate, "held-out KL, agreement and greedy acceptance of heads by depth"),
     }
 

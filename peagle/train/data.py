@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from ..embedded import load_target_by_name  # noqa: F401  (its home: peagle.embedded)
 from ..target import Target
 
 
@@ -45,30 +46,6 @@ class GenerationSettings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-
-
-def load_target_by_name(name: str, dtype: str | torch.dtype = "bfloat16", device: str = "cpu") -> Target:
-    """The one way peagle's commands load a target by name.
-
-    "default" (or "embedded", "smollm2") -> the embedded SmolLM2 (:func:`peagle.load_target`); an HF
-    id or model directory -> :meth:`peagle.Target.from_pretrained`; a bare model directory without
-    tokenizer files (tests' tiny targets) -> the model alone (token-id prompts only). ``dtype`` (a
-    torch dtype, a name, or "auto" where the loaders accept it) is passed on as given.
-    """
-    if name in ("default", "embedded", "smollm2"):
-        from ..embedded import load_target
-
-        return load_target(dtype=dtype, device=device)
-    path = Path(name)
-    if path.is_dir() and (path / "config.json").exists() and not any(
-            (path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        from transformers import AutoModelForCausalLM
-
-        from ..dtypes import parse_dtype
-
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32 if dtype == "auto" else parse_dtype(dtype))
-        return Target(model, None).to_device(device)
-    return Target.from_pretrained(name, dtype=dtype).to_device(device)
 
 
 def _write_json(path: Path, obj) -> None:

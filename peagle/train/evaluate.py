@@ -19,6 +19,11 @@ from pathlib import Path
 import torch
 
 from .. import kinds
+from ..checkpoint import from_pretrained
+from ..embedded import load_target_by_name
+from ..machine import apply_threads
+from . import kinds as train_kinds
+from .data import parse_shards
 from .forward import StepStats
 from .trainer import TrainSet, micro_batches
 
@@ -28,7 +33,7 @@ class HeldOutResult:
     """Per-depth means over supervised elements, and the greedy acceptance they imply."""
 
     head: str
-    kind: str  # the head's kind (peagle.kinds): "peagle", "eagle3", ...
+    kind: str  # the head's kind (peagle.kinds): "peagle", "eagle3", "dflash"
     shards: str | None
     draft_k: int
     sequences: int
@@ -54,19 +59,16 @@ def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None,
 
     draft_k: depths evaluated (default: the kind's, P-EAGLE's trained depth, 7 for EAGLE-3); must be
     in [1, max_draft_k]. Every chain is kept at every depth (no COD sampling).
-    eval_options: keyword options of the kind's ``eval_step`` (DFlash: ``anchor_stride``).
+    eval_options: keyword options of the kind's ``eval_step``, named in its ``eval_options``
+    (DFlash: ``anchor_stride``).
     """
-    import inspect
-
     from tqdm.auto import tqdm
 
     try:
-        kind = kinds.of(head)
+        kind = train_kinds.get(kinds.of(head).name)
     except ValueError:
-        kind = None
-    if kind is None or not hasattr(kind, "eval_step"):
-        raise ValueError(f"head must be a trained head of kind {', '.join(kinds.names(trainable=True))}, "
-                         f"got {type(head).__name__}")
+        raise ValueError(f"head must be a trained head of kind {', '.join(train_kinds.names())}, "
+                         f"got {type(head).__name__}") from None
     if max_sequences is not None and max_sequences < 1:
         raise ValueError(f"max_sequences must be >= 1 (or None for all), got {max_sequences}")
     K_max = int(head.config.max_draft_k)
@@ -74,7 +76,7 @@ def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None,
     if not 1 <= K <= K_max:
         raise ValueError(f"draft_k must be in [1, {K_max}] (the head's max_draft_k), got {draft_k}")
     eval_options = dict(eval_options or {})
-    unknown = set(eval_options) - set(inspect.signature(kind.eval_step).parameters)
+    unknown = set(eval_options) - set(kind.eval_options)
     if unknown:
         raise ValueError(f"eval_options {sorted(unknown)} do not apply to {kind.name} heads")
     used_ids = kind.eval_vocab(head, target)
@@ -118,9 +120,6 @@ def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None,
 
 
 def run_cli(args) -> int:
-    from ..checkpoint import from_pretrained
-    from .data import load_target_by_name, parse_shards
-
     try:  # checked before the target loads
         parse_shards(args.shards)
     except ValueError as err:
@@ -129,8 +128,6 @@ def run_cli(args) -> int:
         value = getattr(args, name, None)
         if value is not None and value < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    from ..machine import apply_threads
-
     apply_threads(args.threads or "auto")
     target = load_target_by_name(args.target, args.target_dtype)
     results = []

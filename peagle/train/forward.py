@@ -1,4 +1,4 @@
-"""The training forward of a draft head over a packed stream, and the two objectives.
+"""The training forward of an EAGLE-3-layout head over a packed stream: passes, the KL loss, statistics.
 
 The head's own submodules run here (``layers[i]``, ``fc``, ``norm``, ``lm_head``,
 ``embed``), so a trained head drafts with exactly this math in ``peagle.generate``; only
@@ -7,8 +7,8 @@ attention differs: the packed mask of peagle/train/attention.py instead of the r
 A step is a sequence of *passes*; a pass's queries see the keys of every earlier pass and of
 itself (KV-cache style). P-EAGLE: one pass [depth-0 elements, COD chains]; with S segments,
 per segment a checkpointed no-loss pass over the preceding depth-0 elements, then the segment's
-own elements. EAGLE-3: one pass per depth (training-time test), each reading the previous
-depth's outputs.
+own elements (peagle/train/peagle.py). EAGLE-3: one pass per depth (training-time test), each
+reading the previous depth's outputs (peagle/train/eagle3.py).
 """
 from __future__ import annotations
 
@@ -22,9 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..drafters.layers import rope_cos_sin
 from .attention import KeyGroup, packed_attention
-from .plan import Eagle3Plan, Group, Packed, PEaglePlan, segments
-
-TTT_DECAY = 0.8  # EAGLE-3 loss weight of depth d: 0.8^d
+from .plan import Group, Packed
 
 
 @dataclass
@@ -151,7 +149,7 @@ def _loss_chunk(head, hidden, labels, w, target_logits, argmax: bool = True):
     return (kl * w).sum(), kl.detach(), draft.argmax(-1), tgt.argmax(-1)
 
 
-def _supervised_loss(head, out: torch.Tensor, group: Group, feats: Features, scale: torch.Tensor | float,
+def supervised_loss(head, out: torch.Tensor, group: Group, feats: Features, scale: torch.Tensor | float,
                      stats: StepStats, max_depth: int) -> torch.Tensor:
     """sum(scale * KL) over the supervised rows, LOSS_CHUNK rows at a time.
 
@@ -183,58 +181,9 @@ def _supervised_loss(head, out: torch.Tensor, group: Group, feats: Features, sca
     return total
 
 
-def _fc_hidden(head, feats: Features):
+def fc_hidden(head, feats: Features):
     def hidden(g: Group) -> torch.Tensor:
         with record_function("train.fc"):
             x = feats.aux[g.anchor].to(head.fc.weight.dtype)
             return head.fc(x)
     return hidden
-
-
-def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float, num_segments: int = 1,
-                backward: bool = True, budget: int = 1 << 23, stats: StepStats | None = None) -> StepStats:
-    """P-EAGLE loss sum(KL) / norm over the plan's supervised elements, S forward+backward passes.
-
-    norm: the supervised count of the whole global batch (so gradients add up across
-    micro-batches, segments and processes).
-    """
-    stats = stats if stats is not None else StepStats()
-    plan = plan.to(feats.aux.device)  # plans are built on the CPU; the step runs where the features are
-    K = head.config.max_draft_k
-    fc_hidden = _fc_hidden(head, feats)
-    for seg in segments(plan.d0, plan.chains, num_segments):
-        runner = PassRunner(head, plan.packed, budget)
-        runner.add_prefix(seg.prefix, fc_hidden)
-        own0, chains = seg.own
-        h0 = fc_hidden(own0)
-        parts = [own0] + ([chains] if len(chains) else [])
-        hidden = h0 if len(chains) == 0 else torch.cat([h0, head.fc(head.mask_hidden.reshape(1, -1).to(h0.dtype)).expand(len(chains), -1)])
-        out = runner.run(parts, hidden)
-        group = Group.cat(parts) if len(parts) > 1 else own0
-        loss = _supervised_loss(head, out, group, feats, 1.0 / norm, stats, max(K, 1))
-        stats.objective += float(loss.detach())
-        if backward and loss.requires_grad:
-            loss.backward()
-        del runner, out, hidden, h0, loss  # free this segment's activations before the next one starts
-    return stats
-
-
-def eagle3_step(head, plan: Eagle3Plan, feats: Features, norms: list[float], steps: int = 7,
-                backward: bool = True, budget: int = 1 << 23, stats: StepStats | None = None) -> StepStats:
-    """Training-time test: sum_d 0.8^d * sum(KL at depth d) / norms[d], depths unrolled in sequence."""
-    stats = stats if stats is not None else StepStats()
-    plan = plan.to(feats.aux.device)
-    scale = torch.tensor([TTT_DECAY ** d / max(n, 1.0) for d, n in enumerate(norms)], device=feats.aux.device)
-    runner = PassRunner(head, plan.packed, budget)
-    prev_group, prev_out = plan.d0, runner.run([plan.d0], _fc_hidden(head, feats)(plan.d0))
-    total = _supervised_loss(head, prev_out, plan.d0, feats, scale, stats, steps)
-    for g in plan.depths[: steps - 1]:
-        # g's anchors are a subset of prev_group's, both sorted: find each one's parent row.
-        parent = torch.searchsorted(prev_group.anchor, g.anchor)
-        out = runner.run([g], prev_out[parent])
-        total = total + _supervised_loss(head, out, g, feats, scale, stats, steps)
-        prev_group, prev_out = g, out
-    stats.objective = float(total.detach())
-    if backward and total.requires_grad:
-        total.backward()
-    return stats

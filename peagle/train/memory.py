@@ -18,6 +18,12 @@ import time
 
 import torch
 
+from ..config import DrafterConfig
+from ..drafters.peagle import PEagleDrafter
+from .forward import Features
+from .peagle import peagle_step, plan_peagle
+from .plan import pack
+
 
 def rss_mb() -> float:
     """Resident memory of this process in MB (0 where /proc is missing)."""
@@ -31,11 +37,6 @@ def rss_mb() -> float:
 def measure_once(tokens: int, segments: int, hidden: int, layers: int, draft_vocab: int, max_depth: int,
                  seed: int = 0) -> dict:
     """One step in this process; returns peak-above-baseline MB and seconds."""
-    from ..config import DrafterConfig
-    from ..drafters import PEagleDrafter
-    from .forward import Features, peagle_step
-    from .plan import pack, plan_peagle
-
     torch.manual_seed(seed)
     V = 4 * draft_vocab
     cfg = DrafterConfig(hidden_size=hidden, num_attention_heads=hidden // 32, num_key_value_heads=max(1, hidden // 64),

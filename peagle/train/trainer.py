@@ -22,41 +22,44 @@ import os
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from .. import kinds
-from ..checkpoint import read_tensors, save_pretrained
+from .. import machine
+from ..checkpoint import from_pretrained, read_tensors, save_pretrained
+from ..embedded import load_target_by_name
 from ..machine import apply_threads
+from . import kinds as train_kinds
+from .data import parse_shards, shard_dir, shard_metadata
 from .embedding import RowTrainedEmbedding
+from .features import DraftVocabLogits, FeatureCache, extract
 from .forward import Features, StepStats
 from .memory import rss_mb
 from .plan import pack
-from .precondition import load_raw_state, precondition_fc, raw_state
+from .precondition import aux_rms, load_raw_state, precondition_fc, raw_state
 
 
 @dataclass
 class TrainConfig:
-    kind: str  # a trainable head kind of peagle.kinds: "peagle", "eagle3", ...
+    """A training run: the options every kind shares, and the kind's own in ``options``.
+
+    ``options`` is an instance of the kind's options dataclass (peagle.train.kinds:
+    ``get(kind).options_class``, e.g. PEagleOptions(max_depth=8)); a dict of its fields or None
+    (its defaults) is converted. :meth:`from_dict` also takes the kind's options as flat keys,
+    as ``peagle train NAME``'s options and the configs of runs saved before options existed have them.
+    """
+
+    kind: str  # a trainable head kind of peagle.train.kinds: "peagle", "eagle3", "dflash"
     data: str  # data directory (peagle train data)
     out: str  # run directory: checkpoints/, final/, log.jsonl
     target: str = "default"  # "default" (embedded SmolLM2), an HF id or a path
     target_dtype: str = "bfloat16"  # the dtype the target is served in (its features, lm_head, embeddings)
-    layers: int | None = None  # decoder layers (default: 4 for P-EAGLE, 1 for EAGLE-3)
+    layers: int | None = None  # decoder layers (default: the kind's, 4 for P-EAGLE, 1 for EAGLE-3)
     intermediate_size: int | None = None  # MLP width (default: the target's)
-    max_depth: int = 8  # P-EAGLE: trained draft depth K (max_draft_k of the head)
-    ttt_steps: int = 7  # EAGLE-3: unrolled steps of training-time test
-    block_size: int = 16  # DFlash: block = [anchor token, mask x (block_size - 1)]
-    anchors_per_seq: int = 16  # DFlash: blocks sampled per sequence and step
-    gamma: float | None = None  # DFlash: loss weight exp(-(k-1)/gamma) at block position k (None: 7 for B=16, 4 for B=8)
-    loss_vocab: str = "full"  # DFlash: KL over the "full" vocabulary or the "draft" vocabulary's rows only
-    num_features: int = 5  # DFlash: target states fed to fc, spread over the depth as the public heads
     draft_vocab_size: int = 8192  # N
-    cod_ratio: float = 0.8  # COD: depth d keeps n * max(r^d, r_min)
-    cod_min_ratio: float = 0.2
-    segments: int = 1  # sequence partitioning: forward+backward passes per micro-batch
     max_len: int = 1024  # sequences are cut to this many tokens
     shards: str | None = None  # data shards to train on ("0-11"; None = all): keep others held out
     batch_size: int = 16  # sequences per global batch (all processes together)
@@ -68,7 +71,6 @@ class TrainConfig:
     min_lr_ratio: float = 0.1  # cosine decay to lr * min_lr_ratio
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    train_embedding: str = "mask"  # P-EAGLE: "mask" (only the mask row), "all", "none"
     init_from: str | None = None  # a saved head to start from (continued training with a fresh schedule)
     init_lm_head: str = "random"  # "random" (default: measured better on the embedded run) or "target" (its rows, norm folded in)
     features: str = "cache"  # "cache" (DATA/features) or "online" (target forward per step)
@@ -81,13 +83,18 @@ class TrainConfig:
     threads: int = 0  # torch threads per process (0: peagle.machine.default_threads)
     reschedule: bool = False  # resume with another max_steps / epochs (the cosine bends towards the new end)
     trim_memory: bool = True  # malloc_trim after every step (keeps a long CPU run's memory flat)
-    extra: dict = field(default_factory=dict)
+    options: Any = None  # the kind's own options (its options_class; a dict or None is converted)
 
     def __post_init__(self) -> None:
-        if self.kind not in kinds.names(trainable=True):
-            raise ValueError(f"kind must be one of {', '.join(kinds.names(trainable=True))}, got {self.kind!r}")
-        if self.train_embedding not in ("mask", "all", "none"):
-            raise ValueError(f"train_embedding must be mask, all or none, got {self.train_embedding!r}")
+        options_class = train_kinds.get(self.kind).options_class
+        if self.options is None or isinstance(self.options, dict):
+            given = dict(self.options or {})
+            unknown = set(given) - {f.name for f in fields(options_class)}
+            if unknown:
+                raise ValueError(f"{sorted(unknown)} are not options of {self.kind} heads ({options_class.__name__})")
+            self.options = options_class(**given)
+        elif not isinstance(self.options, options_class):
+            raise ValueError(f"options of a {self.kind} run must be a {options_class.__name__}, got {type(self.options).__name__}")
         if self.init_lm_head not in ("target", "random"):
             raise ValueError(f"init_lm_head must be 'target' or 'random', got {self.init_lm_head!r}")
         if self.precondition not in ("rms", "none"):
@@ -95,20 +102,45 @@ class TrainConfig:
         if self.features not in ("cache", "online"):
             raise ValueError(f"features must be 'cache' or 'online', got {self.features!r}")
         if self.shards is not None:
-            from .data import parse_shards
             parse_shards(self.shards)  # raises on a malformed spec before any work starts
         if self.mixed_precision not in ("auto", "no", "bf16"):
             raise ValueError(f"mixed_precision must be 'auto', 'no' or 'bf16', got {self.mixed_precision!r}")
-        if self.loss_vocab not in ("full", "draft"):
-            raise ValueError(f"loss_vocab must be 'full' or 'draft', got {self.loss_vocab!r}")
-        if self.block_size < 2:
-            raise ValueError(f"block_size must be >= 2 (one anchor + at least one drafted token), got {self.block_size}")
-        if self.gamma is not None and not self.gamma > 0:
-            raise ValueError(f"gamma must be > 0 (or None for the block size's default), got {self.gamma}")
-        for name in ("max_depth", "ttt_steps", "anchors_per_seq", "num_features", "draft_vocab_size", "segments",
-                     "max_len", "batch_size", "micro_batch_tokens", "checkpoint_every", "keep_checkpoints", "log_every"):
+        for name in ("draft_vocab_size", "max_len", "batch_size", "micro_batch_tokens", "checkpoint_every",
+                     "keep_checkpoints", "log_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        """A TrainConfig from a mapping: ``peagle train NAME``'s options, or a run's saved config.
+
+        The kind's options may be flat keys or under "options". Saved configs written before kinds
+        had their own options are flat and hold every kind's fields: those of other kinds (unused
+        by this kind's runs) and the retired ``extra`` are dropped. Any other unknown key is an error.
+        """
+        values = dict(values)
+        options_class = train_kinds.get(values.get("kind")).options_class
+        own = {f.name for f in fields(options_class)}
+        others = {f.name for name in train_kinds.names() for f in fields(train_kinds.get(name).options_class)} - own
+        options = dict(values.pop("options", None) or {})
+        for key in list(values):
+            if key in own:
+                options[key] = values.pop(key)
+            elif key in others or key in RETIRED_FIELDS:
+                values.pop(key)
+        unknown = set(values) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown training options {sorted(unknown)} for a {values.get('kind')} run")
+        return cls(**values, options=options)
+
+    def flat(self) -> dict:
+        """Every option by name, the kind's among them (what ``peagle train NAME`` takes)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}
+        return {**out, **asdict(self.options)}
+
+
+#: fields of saved configs that no longer exist (``extra``: never used)
+RETIRED_FIELDS = {"extra"}
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -118,9 +150,6 @@ class TrainSet:
     def __init__(self, data_dir: str | Path, max_len: int, target, used_ids: torch.Tensor, features: str,
                  shards: str | None = None):
         from datasets import load_from_disk
-
-        from .data import parse_shards, shard_dir, shard_metadata
-        from .features import DraftVocabLogits, FeatureCache
 
         self.rows: list[tuple[int, int, list[int], int]] = []  # (shard, row, ids, prompt_len)
         for m in shard_metadata(data_dir, parse_shards(shards)):
@@ -146,8 +175,6 @@ class TrainSet:
 
     def features(self, indices: list[int], device) -> Features:
         """The target features of the sequences ``indices``, in packed order (cached or computed)."""
-        from .features import extract
-
         if self.cache is not None:
             parts = [self.cache.get(self.rows[i][0], self.rows[i][1], len(self.rows[i][2])) for i in indices]
         else:
@@ -163,8 +190,6 @@ class TrainSet:
 
 def sample_aux_rms(data: TrainSet, max_sequences: int = 64) -> torch.Tensor:
     """Per-dimension RMS of the aux states over up to ``max_sequences`` evenly spaced training sequences."""
-    from .precondition import aux_rms
-
     idx = list(range(0, len(data), max(1, len(data) // max_sequences)))[:max_sequences]
     packed, feats = data.batch(idx, "cpu")
     return aux_rms(feats.aux, packed.doc_start)
@@ -194,42 +219,12 @@ def micro_batches(indices: list[int], lengths: list[int], max_tokens: int) -> li
 
 # -- model -----------------------------------------------------------------------------------
 def build_head(cfg: TrainConfig, target, used_ids: torch.Tensor):
-    """The fresh fp32 head of a run, as its kind builds it (peagle.kinds: ``new_head``)."""
-    return kinds.get(cfg.kind).new_head(cfg, target, used_ids)
-
-
-def init_lm_head_from_target(head, target, used_ids: torch.Tensor) -> None:
-    """Start the head's output layer as the target's: its lm_head rows for the draft vocabulary.
-
-    The target computes ``W · norm_t(x)``; the head computes ``W' · norm(x)``. Folding the target's
-    effective norm gain into the rows (``W' = W · diag(g)``) makes the head's readout the target's
-    up to one scalar (the damping below), so training need only learn to reproduce the target's
-    last hidden state. The gain is read by feeding the target's final norm a vector of ones, which
-    is right for every RMS-style norm (Gemma's 1 + w too). Measured on the embedded run it was no
-    faster than a random readout (KL at step 20: 5.77 vs 5.82, docs/training.md), so it is opt-in.
-    """
-    weight = target.model.get_output_embeddings().weight.detach().float()[used_ids.long()]
-    norm = getattr(getattr(target.model, "base_model", None), "norm", None)
-    if norm is not None:
-        with torch.no_grad():
-            ones = torch.ones(1, weight.shape[1], dtype=next(norm.parameters()).dtype)
-            gain = norm(ones).float().reshape(-1)
-        weight = weight * gain
-    with torch.no_grad():
-        head.lm_head.weight.copy_(weight)
-        # The fresh layers feed the readout a random direction, on which the target's rows give
-        # confidently wrong logits (measured: KL 15-23 at step 1 vs 8 for a random readout). Start the
-        # norm gain so that the logits have the spread a random nn.Linear readout gives (std ~0.58);
-        # the gain is H parameters, quickly learnt back up.
-        probe = torch.nn.functional.rms_norm(torch.randn(256, weight.shape[1]), (weight.shape[1],))
-        scale = 0.58 / float((probe @ weight.T).std())
-        head.norm.weight.fill_(min(1.0, scale))
+    """The fresh fp32 head of a run, as its kind builds it (peagle.train.kind: ``new_head``)."""
+    return train_kinds.get(cfg.kind).new_head(cfg, target, used_ids)
 
 
 def load_weights_from(head, path: str | Path, target) -> None:
     """Copy every weight of the saved head at ``path`` into ``head`` (same kind and shapes)."""
-    from ..checkpoint import from_pretrained
-
     src = from_pretrained(path, target=target).float()
     if type(src) is not type(head):
         raise ValueError(f"init_from: {path} holds a {type(src).__name__}, this run trains a {type(head).__name__}")
@@ -249,18 +244,6 @@ def load_weights_from(head, path: str | Path, target) -> None:
     with torch.no_grad():
         for name, tensor in mine.items():
             tensor.copy_(theirs[name].to(tensor.dtype))
-
-
-def attach_embedding(head, target, mode: str) -> None:
-    """Give the head its own fp32 copy of the target's table (trainable rows per ``mode``)."""
-    table = target.input_embeddings().weight.detach().float().clone()
-    if head.embed_tokens is not None:
-        table = head.embed_tokens.weight.detach().float().clone()
-    trains = head.trains_embedding and mode != "none"
-    if trains and mode == "mask":  # the mask row only: the rest of the table is a frozen buffer
-        head.embed_tokens = RowTrainedEmbedding(table, [head.config.mask_token_id])
-    else:
-        head.embed_tokens = torch.nn.Embedding.from_pretrained(table, freeze=not trains)
 
 
 def trainable(head) -> list[tuple[str, torch.nn.Parameter]]:
@@ -331,15 +314,27 @@ def save_checkpoint(accelerator, out: Path, step: int, head, opt, sched, cfg: Tr
 RESUMABLE_CHANGES = {"out", "data", "threads", "reschedule", "trim_memory", "log_every", "checkpoint_every", "keep_checkpoints", "features"}
 
 
+def saved_config(path: Path) -> TrainConfig:
+    """The TrainConfig a checkpoint (or OUT/final) was written with, whichever peagle wrote it.
+
+    Runs saved before kinds had their own options store them flat (TrainConfig.from_dict reads
+    both); an option added since ran at its default then, except ``mixed_precision``: checkpoints
+    written before "auto" was the default ran without it ("no").
+    """
+    saved = dict(json.loads((path / "trainer_state.json").read_text())["config"])
+    saved.setdefault("mixed_precision", "no")
+    try:
+        return TrainConfig.from_dict(saved)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}/trainer_state.json holds a config this peagle cannot read: {exc}") from None
+
+
 def check_resume_config(path: Path, cfg: TrainConfig) -> None:
-    saved = json.loads((path / "trainer_state.json").read_text())["config"]
-    # An option added after the checkpoint was written ran at its default then.
-    defaults = {f.name: f.default for f in fields(TrainConfig)}
+    saved = saved_config(path).flat()
     allowed = RESUMABLE_CHANGES | ({"max_steps", "epochs"} if cfg.reschedule else set())
-    # Checkpoints written before "auto" was the default hold "no": equal if "auto" resolves to it here.
+    # "auto" is equal to what it resolves to here ("no" for checkpoints written before it was the default).
     same = lambda k, a, b: a == b or (k == "mixed_precision" and resolve_mixed_precision(a) == resolve_mixed_precision(b))
-    diff = {k: (saved.get(k, "no" if k == "mixed_precision" else defaults[k]), v) for k, v in asdict(cfg).items()
-            if k not in allowed and not same(k, saved.get(k, "no" if k == "mixed_precision" else defaults[k]), v)}
+    diff = {k: (saved[k], v) for k, v in cfg.flat().items() if k not in allowed and not same(k, saved[k], v)}
     if diff:
         hint = " (--reschedule allows a new --max-steps / --epochs)" if {"max_steps", "epochs"} & diff.keys() else ""
         raise ValueError(f"{path} was written with other options (saved, now): {diff}; resume with the same options "
@@ -405,9 +400,7 @@ def resolve_mixed_precision(mode: str) -> str:
     """
     if mode != "auto":
         return mode
-    from ..machine import cpu_facts, native_bf16
-
-    return "bf16" if torch.cuda.is_available() or native_bf16(cpu_facts()["flags"]) else "no"
+    return "bf16" if torch.cuda.is_available() or machine.native_bf16(machine.cpu_facts()["flags"]) else "no"
 
 
 def _seq_generator(cfg: TrainConfig, step: int, index: int) -> torch.Generator:
@@ -417,8 +410,6 @@ def _seq_generator(cfg: TrainConfig, step: int, index: int) -> torch.Generator:
 def train(cfg: TrainConfig, target=None) -> Path:
     """Train a head per ``cfg`` (resuming from OUT's last checkpoint); returns OUT/final."""
     from accelerate import Accelerator
-
-    from .data import load_target_by_name
 
     apply_threads(cfg.threads or "auto")
     # Without a GPU, several processes (torchrun / accelerate launch) mean gloo on CPU: accelerate
@@ -430,7 +421,7 @@ def train(cfg: TrainConfig, target=None) -> Path:
     if target is None:
         target = load_target_by_name(cfg.target, cfg.target_dtype)
         target.to_device(device)
-    kind = kinds.get(cfg.kind)
+    kind = train_kinds.get(cfg.kind)
     kind.prepare_target(cfg, target)  # e.g. the target layers the head reads, before the features load
     used_ids = kind.train_vocab(cfg, target)
     data = TrainSet(cfg.data, cfg.max_len, target, used_ids, cfg.features, cfg.shards)

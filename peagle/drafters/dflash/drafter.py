@@ -21,19 +21,18 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..sampling import SamplingParams, process_logits, sample_from_weights
-from ..tree import DraftTree, TreeConfig, build_tree
-from .base import Draft, DrafterBase, DraftStep
-from .dflash_layers import DFlashConfig, DFlashLayer, DFlashModel, spaced_layer_ids
-from .layers import KVCache
-
-__all__ = ["DFlashConfig", "DFlashDrafter", "DFlashLayer", "DFlashModel", "spaced_layer_ids"]
+from ...checkpoint import load_drafter, save_pretrained
+from ...sampling import SamplingParams, process_logits, sample_from_weights
+from ...tree import DraftTree, TreeConfig, build_tree
+from ..base import Draft, DrafterBase, DraftStep
+from ..layers import KVCache
+from .layers import DFlashConfig, DFlashModel
 
 
 class DFlashDrafter(DFlashModel, DrafterBase):
     """A DFlash head bound to a target: borrows its embedding and lm_head, keeps a context cache.
 
-    Its ``state_dict()`` is the checkpoint layout serving engines load (peagle.dflash_format).
+    Its ``state_dict()`` is the checkpoint layout serving engines load (format.py).
     """
 
     def __init__(self, config: DFlashConfig):
@@ -47,19 +46,15 @@ class DFlashDrafter(DFlashModel, DrafterBase):
     def max_draft_k(self) -> int:
         return self.config.max_draft_k
 
-    # -- checkpoints (layout: peagle.dflash_format) ---------------------------------------
+    # -- checkpoints (layout: format.py) --------------------------------------------------
     def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> Path:
         """Write config.json + model.safetensors in the layout vLLM / SGLang load."""
-        from ..dflash_format import save_dflash
-
-        return save_dflash(self, path, dtype=dtype)
+        return save_pretrained(self, path, dtype=dtype)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, target=None, dtype: torch.dtype | None = None, device=None) -> "DFlashDrafter":
         """Load a head directory (ours or another tool's in the same layout); bind it when target is given."""
-        from ..dflash_format import load_dflash
-
-        return load_dflash(path, target=target, dtype=dtype, device=device)
+        return load_drafter(path, target=target, dtype=dtype, device=device, expect=cls)
 
     # -- the Drafter protocol -------------------------------------------------------------
     def bind(self, target) -> None:

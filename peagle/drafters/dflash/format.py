@@ -13,7 +13,7 @@
                   layers.{i}.mlp.{gate,up,down}_proj.weight
     no embedding and no lm_head: the drafter borrows the target's.
 
-``target_layer_ids`` are DFlash's (state after layer i; see peagle.drafters.dflash_layers).
+``target_layer_ids`` are DFlash's (state after layer i; see layers.py).
 ``eagle_aux_hidden_state_layer_ids`` names the same states as the layers whose input they are:
 vLLM versions that read only that key for the captured layers (else falling back to three default
 layers) then capture the right ones, and newer ones, which derive it from ``target_layer_ids`` + 1
@@ -27,11 +27,13 @@ from pathlib import Path
 
 import torch
 
-from .drafters.dflash import DFlashConfig, DFlashDrafter
-from .dtypes import dtype_name
+from ...checkpoint import WEIGHTS, write_head_dir
+from ...checkpoint import read_config as read_head_config
+from ...dtypes import dtype_name
+from .drafter import DFlashDrafter
+from .layers import DFlashConfig
 
 ARCHITECTURE = "DFlashDraftModel"
-WEIGHTS = "model.safetensors"
 
 
 class DFlashCheckpointError(ValueError):
@@ -172,8 +174,6 @@ def validate_tensors(tensors: dict[str, torch.Tensor], c: DFlashConfig) -> None:
 
 def save_dflash(head: DFlashDrafter, path: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write ``config.json`` + ``model.safetensors`` into directory ``path`` (each atomically)."""
-    from .checkpoint import write_head_dir
-
     dtype = dtype or head.norm.weight.dtype
     tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items()}
     validate_tensors(tensors, head.config)
@@ -182,8 +182,6 @@ def save_dflash(head: DFlashDrafter, path: str | Path, dtype: torch.dtype | None
 
 def read_config(path: str | Path) -> dict:
     """config.json of a DFlash head directory (invalid JSON: DFlashCheckpointError)."""
-    from .checkpoint import read_config as read_head_config
-
     return read_head_config(path, error=DFlashCheckpointError)
 
 

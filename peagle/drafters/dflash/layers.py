@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .layers import MLP, RMSNorm, apply_rope, masked_attention, rope_cos_sin
+from ...config import choose_mask_token_id, layer_shape
+from ..layers import MLP, RMSNorm, apply_rope, masked_attention, rope_cos_sin
 
 
 def spaced_layer_ids(num_target_layers: int, num_features: int) -> tuple[int, ...]:
@@ -107,9 +108,7 @@ class DFlashConfig:
                    mask_token_id: int | None = None, **overrides) -> "DFlashConfig":
         """A head shaped like the target's layers, reading ``num_features`` (default: num_layers)
         target states spread as the public heads spread them (:func:`spaced_layer_ids`), with a
-        mask token from :func:`peagle.drafters.mask_token.choose_mask_token_id`."""
-        from ..config import layer_shape
-        from .mask_token import choose_mask_token_id
+        mask token from :func:`peagle.config.choose_mask_token_id`."""
 
         tc = target.text_config
         values = dict(

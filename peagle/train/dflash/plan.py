@@ -41,8 +41,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .attention import grouped_attention
-from .plan import Packed
+from ..attention import grouped_attention
+from ..plan import Packed
 
 
 def default_gamma(block_size: int) -> float:

@@ -2,7 +2,7 @@
 
 The head's submodules run here exactly as ``DFlashDrafter.draft_logits`` runs them
 (``context_features``, ``context_key_values``, ``layers[i]``, ``norm``, the target's embedding
-and lm_head rows); only attention differs: ``block_attention`` (peagle/train/dflash.py) over the
+and lm_head rows); only attention differs: ``block_attention`` (plan.py) over the
 packed stream instead of the drafter's cache. The blocks and weights are described there.
 
 Loss: sum over supervised block positions of w_k * KL(p || q), divided by the weight sum of the
@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .dflash import DFlashPlan, block_attention
-from .forward import Features, StepStats, kl_target_draft
+from ..forward import Features, StepStats, kl_target_draft
+from .plan import DFlashPlan, anchor_range, block_attention
 
 LOSS_CHUNK = 1024  # supervised rows whose [rows, N] logits exist at once
 LOSS_VOCABS = ("full", "draft")
@@ -143,38 +143,7 @@ def dflash_step(head, plan: DFlashPlan, feats: Features, readout: Readout, embed
     return stats
 
 
-# -- the DFlash kind's training and evaluation (peagle.kinds.DFlashKind delegates here) ----------
-def gamma_of(cfg) -> float:
-    from .dflash import default_gamma
-
-    return float(cfg.gamma) if cfg.gamma is not None else default_gamma(cfg.block_size)
-
-
-def new_head(kind, cfg, target, used_ids: torch.Tensor):
-    """The fresh fp32 DFlash head of a run; the target's embedding and loss-vocabulary lm_head rows
-    are attached for the training step (borrowed, never saved)."""
-    config = kind.train_config(cfg, target)
-    torch.manual_seed(cfg.seed)
-    head = kind.build(config).float()
-    object.__setattr__(head, "_train_readout", Readout.from_target(target, used_ids.long()))
-    object.__setattr__(head, "_train_embed", target.input_embeddings().weight.detach())
-    return head
-
-
-def plan_step(head, packed, cfg, generators) -> tuple[DFlashPlan, torch.Tensor]:
-    """One micro-batch's blocks and its loss-weight sum [1] (summed over the global batch by the trainer)."""
-    from .dflash import plan_dflash
-
-    plan = plan_dflash(packed, head.config.block_size, cfg.anchors_per_seq, generators)
-    return plan, torch.tensor([plan.weight_sum(gamma_of(cfg))])
-
-
-def train_step(head, plan: DFlashPlan, feats: Features, counts: torch.Tensor, cfg,
-               stats: StepStats | None = None) -> StepStats:
-    return dflash_step(head, plan, feats, head._train_readout, head._train_embed,
-                       float(counts.clamp_min(1e-12).item()), gamma_of(cfg), stats=stats)
-
-
+# -- held-out evaluation ----------------------------------------------------------------------
 def eval_step(head, packed, feats: Features, draft_k: int, stats: StepStats, anchor_stride: int = 1) -> None:
     """No-grad pass over blocks at every ``anchor_stride``-th anchor of each answer (all: 1).
 
@@ -183,8 +152,6 @@ def eval_step(head, packed, feats: Features, draft_k: int, stats: StepStats, anc
     """
     if anchor_stride < 1:
         raise ValueError(f"anchor_stride must be >= 1, got {anchor_stride}")
-    from .dflash import anchor_range
-
     anchors = [torch.arange(*anchor_range(T, P))[::anchor_stride] for T, P in zip(packed.lengths, packed.prompt_lens)]
     doc = torch.cat([torch.full((a.numel(),), i, dtype=torch.long) for i, a in enumerate(anchors)])
     plan = DFlashPlan(packed, head.config.block_size, doc, torch.cat(anchors).long())

@@ -1,4 +1,4 @@
-"""DFlash training: the plan and mask of peagle/train/dflash.py, the step against the drafter's own math."""
+"""DFlash training: the plan and mask of peagle/train/dflash/plan.py, the step against the drafter's own math."""
 import json
 import math
 import os

@@ -10,7 +10,7 @@ one line each, and every ``import peagle...`` runs that first.
 
 What a kind provides (a :class:`HeadKind` subclass)::
 
-    name, description     "peagle": `peagle train NAME`, config.json's peagle.drafter
+    name                  "peagle": config.json's peagle.drafter, `peagle train NAME`
     drafter_class         the drafter module's class
     config_class          its frozen config dataclass
     architectures         config.json "architectures" names of this kind; save() writes the first
@@ -34,7 +34,6 @@ class HeadKind:
     """A kind of draft head (see the module docstring for what a subclass provides)."""
 
     name: str = ""
-    description: str = ""
     architectures: tuple[str, ...] = ()
     default_layers: int = 1
     #: recognise heads whose architecture name is none of any kind's (EAGLE-3 exporters vary)

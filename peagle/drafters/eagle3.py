@@ -121,6 +121,5 @@ class Eagle3Kind(EagleKind):
     """EAGLE-3 heads: the EAGLE-3 layout as engines load it."""
 
     name = "eagle3"
-    description = "train an EAGLE-3 head"
     default_layers = 1
     drafter_class = Eagle3Drafter

@@ -74,7 +74,6 @@ class PEagleKind(EagleKind):
     """P-EAGLE heads: the EAGLE-3 layout + a mask token (config keys) and ``mask_hidden``."""
 
     name = "peagle"
-    description = "train a P-EAGLE head"
     default_layers = 4  # the P-EAGLE releases
     drafter_class = PEagleDrafter
 

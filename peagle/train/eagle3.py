@@ -104,6 +104,7 @@ def eagle3_step(head, plan: Eagle3Plan, feats: Features, norms: list[float], ste
 # -- the kind --------------------------------------------------------------------------------------
 class Eagle3Training(EagleTraining):
     name = "eagle3"
+    description = "train an EAGLE-3 head"
     options_class = Eagle3Options
 
     def train_max_draft_k(self, cfg) -> int:

@@ -7,7 +7,7 @@ the held-out evaluation (evaluate.py) call only what is listed here; a kind neve
 into them. ``cfg`` is the run's :class:`peagle.train.trainer.TrainConfig`, whose ``options`` is an
 instance of the kind's ``options_class``; ``packed`` a packed stream (peagle.train.plan.Packed).
 
-    name                                       the kind's name in peagle.kinds ("peagle")
+    name, description                          the kind's name in peagle.kinds ("peagle"); the help line of `peagle train NAME`
     options_class                              frozen dataclass of the kind's own options, validated
                                                in its __post_init__ (TrainConfig.options)
     add_arguments(parser, defaults)            CLI options of the kind (one per options field)
@@ -41,6 +41,7 @@ class TrainKind:
     """How the generic trainer trains one kind of head (see the module docstring)."""
 
     name: str = ""
+    description: str = ""  # `peagle train --help`'s line for `peagle train NAME`
     options_class: type = type(None)
     eval_options: tuple[str, ...] = ()
 
@@ -48,10 +49,6 @@ class TrainKind:
     def head_kind(self) -> kinds.HeadKind:
         """The kind's inference side (drafter, config, checkpoint format)."""
         return kinds.get(self.name)
-
-    @property
-    def description(self) -> str:
-        return self.head_kind.description
 
     def add_arguments(self, p: argparse.ArgumentParser, defaults) -> None:
         pass

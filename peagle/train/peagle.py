@@ -163,6 +163,7 @@ def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float, num_segmen
 # -- the kind --------------------------------------------------------------------------------------
 class PEagleTraining(EagleTraining):
     name = "peagle"
+    description = "train a P-EAGLE head"
     options_class = PEagleOptions
 
     def train_embedding(self, cfg) -> str:

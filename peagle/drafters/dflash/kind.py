@@ -13,7 +13,6 @@ from .layers import DFlashConfig
 
 class DFlashKind(HeadKind):
     name = "dflash"
-    description = "train a DFlash head"
     architectures = (ARCHITECTURE,)
     default_layers = 5  # the public DFlash heads
     drafter_class = DFlashDrafter

@@ -40,6 +40,7 @@ class DFlashOptions:
 
 class DFlashTraining(TrainKind):
     name = "dflash"
+    description = "train a DFlash head"
     options_class = DFlashOptions
     eval_options = ("anchor_stride",)
 

@@ -11,10 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from peagle.train.config import TrainConfig, saved_config
 from peagle.train.dflash.kind import DFlashOptions
 from peagle.train.eagle3 import Eagle3Options
 from peagle.train.peagle import PEagleOptions
-from peagle.train.trainer import TrainConfig, check_resume_config, saved_config
+from peagle.train.trainer import check_resume_config
 
 
 def old_flat_config(kind: str, **values) -> dict:

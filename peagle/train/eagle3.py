@@ -127,8 +127,5 @@ class Eagle3Training(EagleTraining):
     def stat_depths(self, cfg) -> int:
         return cfg.options.ttt_steps
 
-    def eval_depth(self, head) -> int:
-        return min(7, int(head.config.max_draft_k))
-
     def eval_step(self, head, packed, feats, draft_k: int, stats) -> None:
         eagle3_step(head, plan_eagle3(packed, draft_k), feats, [1.0] * draft_k, draft_k, backward=False, stats=stats)

@@ -16,7 +16,7 @@ instance of the kind's ``options_class``; ``packed`` a packed stream (peagle.tra
     plan(head, packed, cfg, generators) -> (plan, counts [C])   one micro-batch (generators: one per sequence)
     step(head, plan, feats, counts, cfg, stats=None) -> StepStats   loss + backward; counts summed over the global batch
     stat_depths(cfg) -> int                    columns of the per-depth log statistics
-    eval_depth(head) -> int                    default draft_k of `peagle train evaluate`
+    eval_depth(head) -> int                    default draft_k of `peagle train evaluate` (default: min(7, max_draft_k))
     eval_options                               names of the keyword options eval_step takes
     eval_step(head, packed, feats, draft_k, stats, **eval_options)   no-grad pass keeping every element
 

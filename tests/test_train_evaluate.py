@@ -8,8 +8,8 @@ from peagle.checkpoint import from_pretrained
 from peagle.drafters.base import DraftStep
 from peagle.sampling import SamplingParams
 from peagle.train.cli import main as train_main
-from peagle.train.data import parse_shards
 from peagle.train.evaluate import evaluate_head
+from peagle.train.shards import parse_shards
 from peagle.train.tiny import make_tiny_workdir
 from peagle.train.trainer import TrainSet
 

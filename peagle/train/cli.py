@@ -19,15 +19,25 @@ from pathlib import Path
 
 from ..dtypes import DTYPE_NAMES
 from ..machine import apply_threads
-from .data import shard_spec
+from .shards import shard_spec
 
 
 def _add_data(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="default", help="'default' (embedded SmolLM2), an HF id or a local path")
     p.add_argument("--out", required=True, help="data directory (resumes if it exists)")
-    p.add_argument("--prompts", default="sharegpt,stdlib", help="comma list of prompt sources: sharegpt, stdlib")
+    p.add_argument("--prompts", default="sharegpt,stdlib",
+                   help="comma list of prompt sources: sharegpt (first turns), sharegpt_turns (later turns with the "
+                        "conversation so far), stdlib (code)")
+    p.add_argument("--exclude-prompts", default=None,
+                   help="a prompts.jsonl (optionally :SHARDS:SIZE, e.g. data/x/prompts.jsonl:18-19:128) whose prompts, "
+                        "and their conversations, are never used: keeps an older held-out set held out")
+    p.add_argument("--engine", default="batcher", choices=["batcher", "loop", "vllm"],
+                   help="batcher: continuous batching (default); loop: peagle.generate batch by batch; vllm: vLLM's "
+                        "offline engine in its own venv (PEAGLE_VLLM_PYTHON, default .venv-vllm/bin/python)")
     p.add_argument("--num-prompts", type=int, default=3000)
     p.add_argument("--code-fraction", type=float, default=0.35, help="share of standard-library code prompts")
+    p.add_argument("--followup-fraction", type=float, default=0.25,
+                   help="share of the chat prompts that are later turns with their conversation (source sharegpt_turns)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--max-prompt-tokens", type=int, default=512)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -35,7 +45,8 @@ def _add_data(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shard-size", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--dtype", default="bfloat16", choices=DTYPE_NAMES)
+    p.add_argument("--dtype", default="bfloat16", choices=("auto", *DTYPE_NAMES),
+                   help="auto: bfloat16 on GPUs and CPUs with native bf16 (AMX, avx512_bf16), else float32")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: peagle.machine.default_threads, 1 on a 2-core machine)")
     p.add_argument("--max-shards", type=int, default=None, help="stop after this many new shards")
     p.add_argument("--worker", default="0/1", help="I/N: do only shards with index %% N == I (N processes share --out)")
@@ -43,18 +54,28 @@ def _add_data(p: argparse.ArgumentParser) -> None:
 
 def _run_data(args) -> int:
 
-    from .data import GenerationSettings, check_worker, load_target_by_name, prepare, regenerate
+    from .data import (
+        GenerationSettings,
+        check_worker,
+        excluded_ids,
+        generation_dtype,
+        load_target_by_name,
+        prepare,
+        prompts_path,
+        regenerate,
+    )
     from .prompts import build_prompts
 
     apply_threads(args.threads or "auto")
     settings = GenerationSettings(
-        target=args.target, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
+        target=args.target, dtype=generation_dtype(args.dtype), max_new_tokens=args.max_new_tokens,
         max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature, top_p=args.top_p,
         seed=args.seed, shard_size=args.shard_size, batch_size=args.batch_size)
     out = Path(args.out)
-    if not (out / "prompts.jsonl").exists():
+    if not prompts_path(out).exists():
         sources = tuple(s.strip() for s in args.prompts.split(",") if s.strip())
-        prompts = build_prompts(args.num_prompts, args.code_fraction, args.seed, sources)
+        exclude = excluded_ids(args.exclude_prompts) if args.exclude_prompts else set()
+        prompts = build_prompts(args.num_prompts, args.code_fraction, args.seed, sources, exclude, args.followup_fraction)
         print(f"{len(prompts)} prompts ({sum(p['source'] == 'stdlib' for p in prompts)} code) -> {out}/prompts.jsonl", flush=True)
     else:
         prompts = []
@@ -64,7 +85,7 @@ def _run_data(args) -> int:
         raise SystemExit(f"--worker must be I/N with 0 <= I < N (e.g. 0/2), got {args.worker!r}")
     prepare(out, prompts, settings)
     target = load_target_by_name(args.target, args.dtype)
-    metas = regenerate(target, prompts, out, settings, max_shards=args.max_shards, worker=worker)
+    metas = regenerate(target, prompts, out, settings, max_shards=args.max_shards, worker=worker, engine=args.engine)
     total = sum(m["response_tokens"] for m in metas)
     print(json.dumps({"shards": len(metas), "rows": sum(m["rows"] for m in metas), "answer_tokens": total}))
     return 0
@@ -102,8 +123,9 @@ def _add_features(p: argparse.ArgumentParser) -> None:
 
 def _run_features(args) -> int:
 
-    from .data import load_target_by_name, parse_shards
+    from ..embedded import load_target_by_name
     from .features import build_cache
+    from .shards import parse_shards
 
     apply_threads(args.threads or "auto")
     target = load_target_by_name(args.target, args.dtype)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from . import kinds as train_kinds
-from .data import parse_shards
+from .shards import parse_shards
 
 
 @dataclass

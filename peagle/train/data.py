@@ -2,22 +2,29 @@
 
 Layout of a data directory::
 
-    OUT/settings.json        target, sampling, shard size: a resumed run must match it
-    OUT/prompts.jsonl        the ordered prompt list (written once; shard i = lines [i*S, (i+1)*S))
-    OUT/shards/00000/        a `datasets` dataset (save_to_disk) + peagle_meta.json
-    OUT/shards/00001/ ...
+    OUT/settings.json          target, sampling, shard size: a resumed run must match it
+    OUT/prompts.jsonl          the ordered prompt list (written once; shard i = lines [i*S, (i+1)*S))
+    OUT/shards/00000/          rows.npz + peagle_meta.json (peagle.train.shards)
+    OUT/shards/00001.partial   answers of an unfinished shard, one JSON line each as they end
 
-A shard directory appears only when complete (written under a temporary name, then renamed), so
-an interrupted run resumes at the first missing shard. Each row holds the chat-templated prompt
-followed by the target's answer: ``input_ids`` (int32), ``prompt_len``, ``response_len``,
-``finished`` (the answer ended with eos rather than the token budget).
+A shard directory appears only when complete (written under a temporary name, then renamed); the
+answers of the shard in progress are appended to its ``.partial`` journal as they end, so a killed
+run loses at most the answers still being decoded. Each row holds the chat-templated prompt
+followed by the target's answer: ``input_ids``, ``prompt_len``, ``response_len``, ``finished``
+(the answer ended with eos rather than the token budget).
+
+Engines (the answers are the same; only the speed differs):
+
+* ``batcher`` (default): :class:`peagle.train.engine.ContinuousBatcher`, continuous batching over a
+  preallocated cache;
+* ``loop``: ``peagle.generate`` without a drafter, batch by batch (the reference);
+* ``vllm``: vLLM's offline engine in its own environment (:mod:`peagle.train.engine_vllm`).
 """
 from __future__ import annotations
 
 import json
 import os
 import platform
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,7 +32,12 @@ from pathlib import Path
 import torch
 
 from ..embedded import load_target_by_name  # noqa: F401  (its home: peagle.embedded)
+from ..sampling import SamplingParams
 from ..target import Target
+from .engine import ContinuousBatcher
+from .shards import save_shard, shard_dir, shard_metadata
+
+ENGINES = ("batcher", "loop", "vllm")
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,35 @@ class GenerationSettings:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
 
 
+def generation_dtype(name: str) -> str:
+    """"auto" -> "bfloat16" on a GPU or a CPU with native bf16 (batched bf16 matmuls pay there), else "float32"."""
+    if name != "auto":
+        return name
+    from .. import machine
+
+    native = torch.cuda.is_available() or machine.native_bf16(machine.cpu_facts()["flags"])
+    return "bfloat16" if native else "float32"
+
+
+def excluded_ids(spec: str) -> set[str]:
+    """Prompt ids (and conversation ids) to keep out of new data: ``PROMPTS.jsonl[:SHARDS:SIZE]``.
+
+    With ``:18-19:128`` only the prompts of those shards of that file count (shard i = lines
+    [i*SIZE, (i+1)*SIZE)). A ShareGPT id ``sharegpt/C`` also excludes every turn ``sharegpt/C/j``.
+    """
+    from .shards import parse_shards
+
+    path, _, rest = spec.partition(":")
+    lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    if rest:
+        shards, _, size = rest.partition(":")
+        if not size.isdigit() or int(size) < 1:
+            raise ValueError(f"exclude_prompts: expected PATH:SHARDS:SIZE, got {spec!r}")
+        keep = parse_shards(shards) or set()
+        lines = [p for i, p in enumerate(lines) if i // int(size) in keep]
+    return {p["id"] for p in lines}
+
+
 def _write_json(path: Path, obj) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1))
@@ -58,7 +99,7 @@ def prepare(out: str | Path, prompts: list[dict], settings: GenerationSettings) 
     """Write settings.json and prompts.jsonl once; on resume check they match."""
     out = Path(out)
     (out / "shards").mkdir(parents=True, exist_ok=True)
-    s_path, p_path = out / "settings.json", out / "prompts.jsonl"
+    s_path, p_path = out / "settings.json", prompts_path(out)
     if s_path.exists():
         old = json.loads(s_path.read_text())
         if old != asdict(settings):
@@ -76,27 +117,34 @@ def prepare(out: str | Path, prompts: list[dict], settings: GenerationSettings) 
         _write_json(s_path, asdict(settings))
 
 
+def prompts_path(out: str | Path) -> Path:
+    """OUT/prompts.jsonl, or its gzip copy ``prompts.jsonl.gz`` (the form a data directory has in git)."""
+    plain = Path(out) / "prompts.jsonl"
+    packed = plain.with_name(plain.name + ".gz")
+    return packed if packed.exists() and not plain.exists() else plain
+
+
 def read_prompts(out: str | Path) -> list[dict]:
-    with open(Path(out) / "prompts.jsonl") as f:
+    import gzip
+
+    path = prompts_path(out)
+    with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def shard_dir(out: str | Path, index: int) -> Path:
-    return Path(out) / "shards" / f"{index:05d}"
-
-
 def _encode(target: Target, prompt: dict) -> list[int]:
-    """A prompt record -> chat-templated ids (records may carry ready "input_ids" instead of "text")."""
+    """A prompt record -> chat-templated ids. Records carry ready "input_ids", a "text" (one user
+    turn) or "messages" (a conversation so far, ending with the user turn to answer)."""
     if "input_ids" in prompt:
         return list(prompt["input_ids"])
-    tok = target.tokenizer
-    return list(tok.apply_chat_template([{"role": "user", "content": prompt["text"]}], add_generation_prompt=True,
-                                        tokenize=True, return_dict=False))
+    messages = prompt.get("messages") or [{"role": "user", "content": prompt["text"]}]
+    return list(target.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=False))
 
 
 def generate_answers(target: Target, prompt_ids: list[list[int]], settings: GenerationSettings,
                      seed: int) -> list[list[int]]:
-    """Answers for a list of encoded prompts, in batches of similar length (peagle.generate, no drafter)."""
+    """The ``loop`` engine: answers batch by batch, in batches of similar length (peagle.generate, no drafter)."""
     from ..generate import generate
 
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
@@ -110,55 +158,89 @@ def generate_answers(target: Target, prompt_ids: list[list[int]], settings: Gene
     return answers  # type: ignore[return-value]
 
 
-def generate_shard(target: Target, out: Path, index: int, prompts: list[dict], settings: GenerationSettings,
-                   progress=None) -> dict:
-    """Generate one shard and publish it atomically; returns its metadata."""
-    from datasets.utils.logging import disable_progress_bar
+def run_engine(engine: str, target: Target, prompt_ids: list[list[int]], settings: GenerationSettings, seed: int,
+               on_done=None) -> list[list[int]]:
+    """Answers for encoded prompts with the named engine; ``on_done(i, answer)`` as each ends."""
+    if engine == "batcher":
+        batcher = ContinuousBatcher(target.model, target.eos_token_ids, batch_size=settings.batch_size,
+                                    max_new_tokens=settings.max_new_tokens, max_prompt_tokens=settings.max_prompt_tokens,
+                                    sampling=SamplingParams(temperature=settings.temperature, top_p=settings.top_p), seed=seed)
+        return batcher.run(prompt_ids, on_done)
+    if engine == "vllm":
+        from .engine_vllm import vllm_answers
 
-    disable_progress_bar()
+        answers = vllm_answers(settings, prompt_ids, seed)
+    elif engine == "loop":
+        answers = generate_answers(target, prompt_ids, settings, seed)
+    else:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    for i, a in enumerate(answers):
+        if on_done is not None:
+            on_done(i, a)
+    return answers
+
+
+def _read_journal(path: Path) -> dict[int, list[int]]:
+    """Answers already journaled for a shard (a line cut by a kill is ignored)."""
+    done: dict[int, list[int]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+                done[int(rec["row"])] = [int(t) for t in rec["answer"]]
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+    return done
+
+
+def generate_shard(target: Target, out: Path, index: int, prompts: list[dict], settings: GenerationSettings,
+                   progress=None, engine: str = "batcher") -> dict:
+    """Generate one shard and publish it atomically; returns its metadata.
+
+    Answers are journaled to ``shards/NNNNN.partial`` as they end; a rerun after a kill keeps them
+    and decodes only the rest.
+    """
     t0 = time.perf_counter()
     eos = target.eos_token_ids
-    rows = {"id": [], "source": [], "input_ids": [], "prompt_len": [], "response_len": [], "finished": []}
     encoded = [(p, _encode(target, p)) for p in prompts]
     skipped = [p["id"] for p, ids in encoded if len(ids) > settings.max_prompt_tokens]
     encoded = [(p, ids) for p, ids in encoded if len(ids) <= settings.max_prompt_tokens]
-    for start in range(0, len(encoded), settings.batch_size):
-        chunk = encoded[start: start + settings.batch_size]
-        answers = generate_answers(target, [ids for _, ids in chunk], settings, settings.seed + 1000 * index + start)
-        for (p, ids), ans in zip(chunk, answers):
-            rows["id"].append(p["id"])
-            rows["source"].append(p["source"])
-            rows["input_ids"].append(ids + ans)
-            rows["prompt_len"].append(len(ids))
-            rows["response_len"].append(len(ans))
-            rows["finished"].append(bool(ans) and ans[-1] in eos)
-        if progress is not None:
-            progress.update(len(chunk))
-    if progress is not None and skipped:
-        progress.update(len(skipped))
+    journal = shard_dir(out, index).with_name(f"{index:05d}.partial")
+    answers = _read_journal(journal)
+    todo = [k for k in range(len(encoded)) if k not in answers]
+    if progress is not None:
+        progress.update(len(answers) + len(skipped))
+    with open(journal, "a") as f:
+        def on_done(j: int, answer: list[int]) -> None:
+            answers[todo[j]] = answer
+            f.write(json.dumps({"row": todo[j], "answer": answer}) + "\n")
+            f.flush()
+            if progress is not None:
+                progress.update(1)
+
+        if todo:
+            run_engine(engine, target, [encoded[k][1] for k in todo], settings, settings.seed + 1000 * index, on_done)
+    rows = {"id": [], "source": [], "input_ids": [], "prompt_len": [], "response_len": [], "finished": []}
+    for k, (p, ids) in enumerate(encoded):
+        ans = answers[k]
+        rows["id"].append(p["id"])
+        rows["source"].append(p["source"])
+        rows["input_ids"].append(ids + ans)
+        rows["prompt_len"].append(len(ids))
+        rows["response_len"].append(len(ans))
+        rows["finished"].append(bool(ans) and ans[-1] in eos)
     meta = {
         "shard": index, "rows": len(rows["id"]), "skipped_long_prompts": skipped,
         "prompt_tokens": int(sum(rows["prompt_len"])), "response_tokens": int(sum(rows["response_len"])),
         "finished_rows": int(sum(rows["finished"])), "seconds": round(time.perf_counter() - t0, 1),
+        "engine": engine, "resumed_rows": len(encoded) - len(todo),
         "settings": asdict(settings), "target_config": settings.target,  # the name given (not a machine path)
         "torch": torch.__version__, "host": platform.node(), "threads": torch.get_num_threads(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     save_shard(out, index, rows, meta)
+    journal.unlink(missing_ok=True)
     return meta
-
-
-def save_shard(out: str | Path, index: int, rows: dict, meta: dict) -> Path:
-    """Publish one shard atomically: columns id, source, input_ids, prompt_len, response_len, finished."""
-    from datasets import Dataset
-
-    final = shard_dir(out, index)
-    tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    Dataset.from_dict(rows).save_to_disk(str(tmp))
-    (tmp / "peagle_meta.json").write_text(json.dumps({"shard": index, **meta}, indent=1))
-    os.replace(tmp, final)
-    return final
 
 
 def check_worker(worker: tuple[int, int]) -> tuple[int, int]:
@@ -171,13 +253,16 @@ def check_worker(worker: tuple[int, int]) -> tuple[int, int]:
 
 def regenerate(target: Target, prompts: list[dict], out: str | Path, settings: GenerationSettings,
                max_shards: int | None = None, show_progress: bool = True,
-               worker: tuple[int, int] = (0, 1)) -> list[dict]:
+               worker: tuple[int, int] = (0, 1), engine: str = "batcher") -> list[dict]:
     """Regenerate answers for ``prompts`` into ``out`` (resumes after interruption).
 
     Returns the metadata of every complete shard. ``max_shards`` stops after that many new shards.
     ``worker=(i, n)`` does only the shards whose index is i modulo n, so n processes (one thread
     each) can share a data directory: every shard is published by its own atomic rename.
+    ``engine``: "batcher", "loop" or "vllm" (module docstring).
     """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     index, n_workers = check_worker(worker)
     from tqdm.auto import tqdm
 
@@ -188,70 +273,13 @@ def regenerate(target: Target, prompts: list[dict], out: str | Path, settings: G
     mine = [i for i in range(n_shards) if i % n_workers == index]
     todo = [i for i in mine if not (shard_dir(out, i) / "peagle_meta.json").exists()]
     size = lambda i: len(prompts[i * settings.shard_size: (i + 1) * settings.shard_size])  # noqa: E731
-    bar = tqdm(total=sum(map(size, mine)), initial=sum(size(i) for i in mine if i not in todo), unit="prompt",
+    bar = tqdm(total=sum(map(size, mine)), initial=sum(size(i) for i in mine if i not in todo), unit="answer",
                desc="regenerate", disable=not show_progress, mininterval=10)
     for count, i in enumerate(todo):
         if max_shards is not None and count >= max_shards:
             break
-        meta = generate_shard(target, out, i, prompts[i * settings.shard_size: (i + 1) * settings.shard_size], settings, bar)
+        meta = generate_shard(target, out, i, prompts[i * settings.shard_size: (i + 1) * settings.shard_size], settings, bar,
+                              engine)
         bar.write(f"shard {i:05d}: {meta['rows']} rows, {meta['response_tokens']} answer tokens, {meta['seconds']} s")
     bar.close()
     return shard_metadata(out)
-
-
-def parse_shards(spec: str | None) -> set[int] | None:
-    """``"0-11"``, ``"12,13"`` or ``"0-5,8"`` -> the shard indices; None or ``""`` -> None (every shard)."""
-    if spec is None or not str(spec).strip():
-        return None
-    out: set[int] = set()
-    for part in str(spec).split(","):
-        lo, _, hi = part.strip().partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
-            raise ValueError(f"shards must be indices or ranges like '0-11' or '12,13', got {spec!r}")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
-def shard_spec(spec: str) -> str:
-    """argparse ``type=`` for a shard option: the spec itself once ``parse_shards`` accepts it."""
-    import argparse
-
-    try:
-        parse_shards(spec)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return spec
-
-
-def answer_rows(data: str | Path, shards: str | None, max_len: int):
-    """(source, ids, prompt_len) per sequence of the shards' complete data, ids cut to max_len as
-    training cuts them; the answer is ``ids[prompt_len:]``. For analyses of the regenerated text."""
-    from datasets import load_from_disk
-
-    for meta in shard_metadata(data, parse_shards(shards)):
-        ds = load_from_disk(str(shard_dir(data, meta["shard"])))
-        for source, ids, p in zip(ds["source"], ds["input_ids"], ds["prompt_len"]):
-            yield source, list(ids)[:max_len], int(p)
-
-
-def shard_metadata(out: str | Path, shards: set[int] | None = None) -> list[dict]:
-    """Metadata of every complete shard of a data directory (only those in ``shards`` when given)."""
-    metas = []
-    for d in sorted((Path(out) / "shards").glob("[0-9]*")):
-        m = d / "peagle_meta.json"
-        if d.is_dir() and not d.name.endswith(".tmp") and m.exists():
-            meta = json.loads(m.read_text())
-            if shards is None or meta["shard"] in shards:
-                metas.append(meta)
-    return metas
-
-
-def load_data(path: str | Path):
-    """All complete shards of a data directory as one `datasets.Dataset`."""
-    from datasets import concatenate_datasets, load_from_disk
-
-    path = Path(path)
-    dirs = [shard_dir(path, m["shard"]) for m in shard_metadata(path)]
-    if not dirs:
-        raise FileNotFoundError(f"{path} holds no complete shard (run `peagle train data --out {path}` first)")
-    return concatenate_datasets([load_from_disk(str(d)) for d in dirs])

@@ -23,8 +23,8 @@ from ..checkpoint import from_pretrained
 from ..embedded import load_target_by_name
 from ..machine import apply_threads
 from . import kinds as train_kinds
-from .data import parse_shards
 from .forward import StepStats
+from .shards import parse_shards
 from .trainer import TrainSet, micro_batches
 
 

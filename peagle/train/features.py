@@ -121,10 +121,9 @@ def cache_shard(target: Target, rows: list[list[int]], out_dir: Path, batch_toke
 def build_cache(target: Target, data_dir: str | Path, out: str | Path | None = None, show_progress: bool = True,
                 shards: set[int] | None = None) -> Path:
     """Features of every complete data shard (or of ``shards`` only) into ``out`` (default DATA/features); resumable."""
-    from datasets import load_from_disk
     from tqdm.auto import tqdm
 
-    from .data import shard_dir, shard_metadata
+    from .shards import read_rows, shard_dir, shard_metadata
 
     data_dir = Path(data_dir)
     out = Path(out) if out is not None else data_dir / "features"
@@ -134,8 +133,7 @@ def build_cache(target: Target, data_dir: str | Path, out: str | Path | None = N
         dest = out / f"{m['shard']:05d}"
         if (dest / "meta.json").exists():
             continue
-        ds = load_from_disk(str(shard_dir(data_dir, m["shard"])))
-        cache_shard(target, [list(r) for r in ds["input_ids"]], dest)
+        cache_shard(target, read_rows(shard_dir(data_dir, m["shard"]))["input_ids"], dest)
     return out
 
 

@@ -128,6 +128,32 @@ def sharegpt_prompts(limit: int | None = None, min_chars: int = 16, max_chars: i
     return out
 
 
+def sharegpt_followups(limit: int | None = None, min_chars: int = 16, max_chars: int = 2000,
+                       max_context_chars: int = 9000, ascii_fraction: float = 0.9) -> list[dict]:
+    """Later human turns of ShareGPT conversations, each with the conversation so far as
+    ``messages`` (the earlier turns, assistant answers as ShareGPT has them): long contexts."""
+    path = package_dir(SHAREGPT_PACKAGE) / SHAREGPT_FILE
+    roles = {"human": "user", "gpt": "assistant"}
+    out: list[dict] = []
+    for conv in iter_json_array(path):
+        turns = [t for t in conv.get("conversations", []) if t.get("from") in roles]
+        messages: list[dict] = []
+        for j, t in enumerate(turns):
+            text = t.get("value", "").strip()
+            role = roles[t["from"]]
+            if (not messages and role != "user") or (messages and messages[-1]["role"] == role):
+                break  # not an alternating user/assistant conversation from here on
+            if role == "user" and messages and min_chars <= len(text) <= max_chars \
+                    and sum(c.isascii() for c in text) >= ascii_fraction * len(text) \
+                    and sum(len(m["content"]) for m in messages) + len(text) <= max_context_chars:
+                out.append({"id": f"sharegpt/{conv.get('id', len(out))}/{j}", "source": "sharegpt_turns",
+                            "text": text, "messages": messages + [{"role": "user", "content": text}]})
+                if limit is not None and len(out) >= limit:
+                    return out
+            messages = messages + [{"role": role, "content": text}]
+    return out
+
+
 def _functions(path: Path) -> Iterator[tuple[str, str]]:
     """(signature + docstring, whole source) of documented functions of one module."""
     try:
@@ -172,21 +198,45 @@ def stdlib_code_prompts(limit: int, seed: int = 0) -> list[dict]:
     return out
 
 
+SOURCES = ("sharegpt", "sharegpt_turns", "stdlib")
+
+
 def build_prompts(num_prompts: int, code_fraction: float = 0.35, seed: int = 0,
-                  sources: tuple[str, ...] = ("sharegpt", "stdlib")) -> list[dict]:
-    """A shuffled mixture of ShareGPT and standard-library code prompts, evaluation prompts removed."""
+                  sources: tuple[str, ...] = ("sharegpt", "stdlib"), exclude_ids: set[str] = frozenset(),
+                  followup_fraction: float = 0.25) -> list[dict]:
+    """A shuffled mixture of ShareGPT and standard-library code prompts, evaluation prompts removed.
+
+    ``code_fraction`` of the prompts are code (when "stdlib" is a source) and ``followup_fraction``
+    of the chat share are follow-up turns ("sharegpt_turns", when a source); first turns
+    ("sharegpt") fill the rest. Sources that run short leave the list shorter than ``num_prompts``.
+    ``exclude_ids``: prompt ids never to use (e.g. a held-out set's), with their conversations.
+    """
+    if not 0.0 <= followup_fraction <= 1.0:
+        raise ValueError(f"followup_fraction must be in [0, 1], got {followup_fraction}")
     if not 0.0 <= code_fraction <= 1.0:
         raise ValueError(f"code_fraction must be in [0, 1], got {code_fraction}")
+    unknown = set(sources) - set(SOURCES)
+    if unknown:
+        raise ValueError(f"sources must be among {SOURCES}, got {sorted(unknown)}")
     n_code = round(num_prompts * code_fraction) if "stdlib" in sources else 0
-    n_chat = num_prompts - n_code if "sharegpt" in sources else 0
+    n_chat = num_prompts - n_code if {"sharegpt", "sharegpt_turns"} & set(sources) else 0
     keep = EvalFilter()
+
+    def usable(p: dict) -> bool:  # a follow-up turn "sharegpt/C/j" is excluded with its conversation "sharegpt/C"
+        conversation = "/".join(p["id"].split("/")[:2]) if p["source"] == "sharegpt_turns" else p["id"]
+        texts = [m["content"] for m in p.get("messages", []) if m["role"] == "user"] or [p["text"]]
+        return p["id"] not in exclude_ids and conversation not in exclude_ids and all(map(keep, texts))
+
     rng = random.Random(seed)
     prompts: list[dict] = []
     if n_chat:
-        pool = [p for p in sharegpt_prompts() if keep(p["text"])]
-        rng.shuffle(pool)
-        prompts += pool[:n_chat]
+        firsts = [p for p in sharegpt_prompts() if usable(p)] if "sharegpt" in sources else []
+        later = [p for p in sharegpt_followups() if usable(p)] if "sharegpt_turns" in sources else []
+        rng.shuffle(firsts)
+        rng.shuffle(later)
+        n_later = min(len(later), round(n_chat * followup_fraction)) if firsts else min(len(later), n_chat)
+        prompts += firsts[:n_chat - n_later] + later[:n_later]
     if n_code:
-        prompts += [p for p in stdlib_code_prompts(2 * n_code, seed) if keep(p["text"])][:n_code]
+        prompts += [p for p in stdlib_code_prompts(2 * n_code, seed) if usable(p)][:n_code]
     rng.shuffle(prompts)
     return prompts

@@ -33,13 +33,13 @@ from ..embedded import load_target_by_name
 from ..machine import apply_threads
 from . import kinds as train_kinds
 from .config import TrainConfig, saved_config
-from .data import parse_shards, shard_dir, shard_metadata
 from .embedding import RowTrainedEmbedding
 from .features import DraftVocabLogits, FeatureCache, extract
 from .forward import Features, StepStats
 from .memory import rss_mb
 from .plan import pack
 from .precondition import aux_rms, load_raw_state, precondition_fc, raw_state
+from .shards import parse_shards, read_rows, shard_dir, shard_metadata
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -48,12 +48,10 @@ class TrainSet:
 
     def __init__(self, data_dir: str | Path, max_len: int, target, used_ids: torch.Tensor, features: str,
                  shards: str | None = None):
-        from datasets import load_from_disk
-
         self.rows: list[tuple[int, int, list[int], int]] = []  # (shard, row, ids, prompt_len)
         for m in shard_metadata(data_dir, parse_shards(shards)):
-            ds = load_from_disk(str(shard_dir(data_dir, m["shard"])))
-            for r, (ids, p) in enumerate(zip(ds["input_ids"], ds["prompt_len"])):
+            rows = read_rows(shard_dir(data_dir, m["shard"]))
+            for r, (ids, p) in enumerate(zip(rows["input_ids"], rows["prompt_len"])):
                 ids = list(ids)[:max_len]
                 if len(ids) - p >= 2:  # at least one supervised position
                     self.rows.append((m["shard"], r, ids, int(p)))

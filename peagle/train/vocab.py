@@ -39,7 +39,7 @@ def build_draft_vocab(data_dir: str | Path, n: int, vocab_size: int, mask_token_
 
     Raises if the mask token appears in the answers (the target emits it: choose another).
     """
-    from .data import load_data
+    from .shards import load_data
 
     ds = load_data(data_dir)
     counts = token_counts(ds["input_ids"], ds["prompt_len"], vocab_size)

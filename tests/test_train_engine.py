@@ -1,0 +1,101 @@
+"""The data engine: continuous batching gives every prompt the answer plain decoding gives it."""
+import json
+
+import pytest
+import torch
+
+from peagle.sampling import SamplingParams
+from peagle.train.data import GenerationSettings, generate_answers, generate_shard, run_engine
+from peagle.train.engine import ContinuousBatcher
+from peagle.train.shards import read_rows, save_shard, shard_dir
+from peagle.train.tiny import tiny_model, tiny_target
+
+
+def _prompts(n, vocab, seed=0, lo=2, hi=30):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(lo, hi, (n,), generator=g).tolist()
+    return [torch.randint(3, vocab - 3, (L,), generator=g).tolist() for L in lens]
+
+
+def _plain(model, prompt, max_new, eos):
+    """Greedy decoding of one prompt, batch 1, no cache tricks: the reference."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(max_new):
+            nxt = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            ids.append(nxt)
+            if nxt in eos:
+                break
+    return ids[len(prompt):]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    return tiny_model(seed=3, eos_token_id=7).eval()
+
+
+@pytest.mark.parametrize("batch_size,margin,max_slots", [(4, 256, 1 << 20), (3, 2, 1 << 20), (5, 2, 90)])
+def test_batcher_answers_equal_plain_decoding(model, batch_size, margin, max_slots):
+    # margin 2 forces the cache to pack rows often; max_slots 90 makes long prompts decode in fewer rows.
+    vocab = model.config.vocab_size
+    prompts = _prompts(11, vocab)
+    batcher = ContinuousBatcher(model, {7}, batch_size=batch_size, max_new_tokens=12, max_prompt_tokens=32,
+                                max_slots=max_slots)
+    batcher.margin = margin
+    done = []
+    answers = batcher.run(prompts, on_done=lambda i, a: done.append(i))
+    assert sorted(done) == list(range(len(prompts)))
+    for p, a in zip(prompts, answers):
+        assert a == _plain(model, p, 12, {7})
+
+
+def test_batcher_rejects_prompts_it_cannot_hold(model):
+    batcher = ContinuousBatcher(model, {7}, batch_size=2, max_new_tokens=4, max_prompt_tokens=8)
+    with pytest.raises(ValueError, match=r"prompts\[1\] has 9 tokens; allowed 1\.\.8"):
+        batcher.run([[5, 6], list(range(3, 12))])
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        ContinuousBatcher(model, {7}, batch_size=0)
+
+
+def test_sampled_answers_follow_the_seed(model):
+    prompts = _prompts(6, model.config.vocab_size, seed=1)
+    run = lambda seed: ContinuousBatcher(model, {7}, batch_size=3, max_new_tokens=10, max_prompt_tokens=32,  # noqa: E731
+                                         sampling=SamplingParams(temperature=1.0), seed=seed).run(prompts)
+    assert run(5) == run(5) and run(5) != run(6)
+
+
+def test_batcher_and_loop_engines_agree(tmp_path):
+    target = tiny_target(hidden=64, layers=4, vocab=256)
+    prompts = _prompts(9, 256, seed=2)
+    settings = GenerationSettings(target="tiny", dtype="float32", max_new_tokens=10, batch_size=4)
+    assert run_engine("batcher", target, prompts, settings, 0) == generate_answers(target, prompts, settings, 0)
+    with pytest.raises(ValueError, match="engine must be one of"):
+        run_engine("fast", target, prompts, settings, 0)
+
+
+def test_a_killed_shard_resumes_from_its_journal(tmp_path):
+    target = tiny_target(hidden=64, layers=4, vocab=256)
+    records = [{"id": f"r/{i}", "source": "random", "input_ids": p} for i, p in enumerate(_prompts(7, 256, seed=4))]
+    settings = GenerationSettings(target="tiny", dtype="float32", max_new_tokens=8, batch_size=3, shard_size=7)
+    (tmp_path / "shards").mkdir()
+    full = generate_shard(target, tmp_path, 0, records, settings)
+    rows = read_rows(shard_dir(tmp_path, 0))
+    # As if killed after three answers: the journal holds them (one line cut short), the shard is absent.
+    journal = tmp_path / "shards" / "00001.partial"
+    answers = [ids[p:] for ids, p in zip(rows["input_ids"], rows["prompt_len"])]
+    journal.write_text("".join(json.dumps({"row": k, "answer": [999] * 3}) + "\n" for k in (0, 2, 5)) + '{"row": 6, "ans')
+    meta = generate_shard(target, tmp_path, 1, records, settings)
+    again = read_rows(shard_dir(tmp_path, 1))
+    assert meta["resumed_rows"] == 3 and full["resumed_rows"] == 0 and not journal.exists()
+    for k, (ids, p) in enumerate(zip(again["input_ids"], again["prompt_len"])):
+        assert ids[p:] == ([999] * 3 if k in (0, 2, 5) else answers[k])  # journaled answers are kept, the rest decoded
+
+
+def test_compact_shards_round_trip(tmp_path):
+    rows = {"id": ["a", "b"], "source": ["x", "y"], "input_ids": [[1, 2, 65535], [7]], "prompt_len": [1, 1],
+            "response_len": [2, 0], "finished": [True, False]}
+    save_shard(tmp_path, 3, rows, {"rows": 2})
+    assert read_rows(shard_dir(tmp_path, 3)) == rows
+    with pytest.raises(ValueError, match="lacks the columns"):
+        save_shard(tmp_path, 4, {"id": []}, {})

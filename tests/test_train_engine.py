@@ -99,3 +99,45 @@ def test_compact_shards_round_trip(tmp_path):
     assert read_rows(shard_dir(tmp_path, 3)) == rows
     with pytest.raises(ValueError, match="lacks the columns"):
         save_shard(tmp_path, 4, {"id": []}, {})
+
+
+class _CharTokenizer:
+    """Enough of a tokenizer for magpie: ids are character codes + 10; 7 closes a turn."""
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages)
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [10 + (ord(c) % 200) for c in text]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+def test_magpie_keeps_closed_distinct_turns(model):
+    from types import SimpleNamespace
+
+    from peagle.train.magpie import magpie_prompts, user_turn_prefix
+
+    tok = _CharTokenizer()
+    assert user_turn_prefix(tok) == tok("<user>")["input_ids"]
+    target = SimpleNamespace(model=model, tokenizer=tok, eos_token_ids={7})
+    got = magpie_prompts(target, 5, seed=0, max_tokens=24, batch_size=4, min_chars=1)
+    texts = [p["text"] for p in got]
+    assert len(set(texts)) == len(texts) and all(p["source"] == "magpie" for p in got)
+    assert 1 <= len(got) <= 5  # some sampled turns close with eos 7 within 24 tokens
+    with pytest.raises(ValueError, match="num_prompts must be >= 0"):
+        magpie_prompts(target, -1)
+
+
+def test_prompts_extend_only_an_unstarted_last_shard(tmp_path):
+    from peagle.train.data import extend_prompts, read_prompts
+
+    (tmp_path / "shards").mkdir()
+    rec = lambda i: {"id": f"p/{i}", "source": "x", "input_ids": [3, 4]}  # noqa: E731
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(rec(i)) + "\n" for i in range(5)))
+    assert extend_prompts(tmp_path, [rec(5), rec(6)], shard_size=4) == 7
+    assert [p["id"] for p in read_prompts(tmp_path)] == [f"p/{i}" for i in range(7)]
+    (tmp_path / "shards" / "00001.partial").write_text("")
+    with pytest.raises(ValueError, match="shard 00001 .* is started"):
+        extend_prompts(tmp_path, [rec(7)], shard_size=4)

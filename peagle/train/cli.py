@@ -36,6 +36,11 @@ def _add_data(p: argparse.ArgumentParser) -> None:
                         "offline engine in its own venv (PEAGLE_VLLM_PYTHON, default .venv-vllm/bin/python)")
     p.add_argument("--num-prompts", type=int, default=3000)
     p.add_argument("--code-fraction", type=float, default=0.35, help="share of standard-library code prompts")
+    p.add_argument("--magpie-prompts", type=int, default=0,
+                   help="add this many prompts the target writes itself (Magpie: its chat template up to an empty user turn)")
+    p.add_argument("--add-prompts", action="store_true",
+                   help="append new prompts (--magpie-prompts, or --num-prompts from --prompts, ids not used yet) to an "
+                        "existing data directory whose last shard is not started")
     p.add_argument("--followup-fraction", type=float, default=0.25,
                    help="share of the chat prompts that are later turns with their conversation (source sharegpt_turns)")
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -58,11 +63,14 @@ def _run_data(args) -> int:
         GenerationSettings,
         check_worker,
         excluded_ids,
+        extend_prompts,
         generation_dtype,
         load_target_by_name,
         prepare,
         prompts_path,
+        read_prompts,
         regenerate,
+        shuffled,
     )
     from .prompts import build_prompts
 
@@ -72,19 +80,34 @@ def _run_data(args) -> int:
         max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature, top_p=args.top_p,
         seed=args.seed, shard_size=args.shard_size, batch_size=args.batch_size)
     out = Path(args.out)
-    if not prompts_path(out).exists():
+    fresh = not prompts_path(out).exists()
+    if args.add_prompts and fresh:
+        raise SystemExit(f"--add-prompts: {out} has no prompts yet (leave --add-prompts out to start it)")
+    prompts, target = [], None
+    if fresh or args.add_prompts:
         sources = tuple(s.strip() for s in args.prompts.split(",") if s.strip())
         exclude = excluded_ids(args.exclude_prompts) if args.exclude_prompts else set()
-        prompts = build_prompts(args.num_prompts, args.code_fraction, args.seed, sources, exclude, args.followup_fraction)
-        print(f"{len(prompts)} prompts ({sum(p['source'] == 'stdlib' for p in prompts)} code) -> {out}/prompts.jsonl", flush=True)
-    else:
-        prompts = []
+        if args.add_prompts:
+            exclude |= {p["id"] for p in read_prompts(out)}
+        n_listed = args.num_prompts if fresh or not args.magpie_prompts else 0
+        prompts = build_prompts(n_listed, args.code_fraction, args.seed, sources, exclude, args.followup_fraction) if n_listed else []
+        if args.magpie_prompts:
+            from .magpie import magpie_prompts
+
+            target = load_target_by_name(args.target, settings.dtype)
+            written = [p for p in magpie_prompts(target, args.magpie_prompts, seed=args.seed) if p["id"] not in exclude]
+            prompts = shuffled(prompts + written, args.seed)
+        print(f"{len(prompts)} prompts ({sum(p['source'] == 'stdlib' for p in prompts)} code, "
+              f"{sum(p['source'] == 'magpie' for p in prompts)} written by the target) -> {prompts_path(out)}", flush=True)
+        if args.add_prompts:
+            extend_prompts(out, prompts, settings.shard_size)
+            prompts = []
     try:  # checked before the target loads
         worker = check_worker(tuple(int(x) for x in args.worker.split("/")))
     except ValueError:
         raise SystemExit(f"--worker must be I/N with 0 <= I < N (e.g. 0/2), got {args.worker!r}")
     prepare(out, prompts, settings)
-    target = load_target_by_name(args.target, args.dtype)
+    target = target or load_target_by_name(args.target, settings.dtype)
     metas = regenerate(target, prompts, out, settings, max_shards=args.max_shards, worker=worker, engine=args.engine)
     total = sum(m["response_tokens"] for m in metas)
     print(json.dumps({"shards": len(metas), "rows": sum(m["rows"] for m in metas), "answer_tokens": total}))

@@ -117,6 +117,37 @@ def prepare(out: str | Path, prompts: list[dict], settings: GenerationSettings) 
         _write_json(s_path, asdict(settings))
 
 
+def shuffled(prompts: list[dict], seed: int) -> list[dict]:
+    import random
+
+    out = list(prompts)
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def extend_prompts(out: str | Path, new: list[dict], shard_size: int) -> int:
+    """Append prompts to a data directory's list; the shards already written keep their prompts.
+
+    Only the last, partial shard gains prompts, so it must not have been started. Returns the new
+    number of prompts.
+    """
+    import gzip
+
+    old = read_prompts(out)
+    first_open = len(old) // shard_size  # the first shard whose prompts change
+    started = [d.name for d in (Path(out) / "shards").glob("*") if d.name[:5].isdigit() and int(d.name[:5]) >= first_open]
+    if started and len(old) % shard_size:
+        raise ValueError(f"extend_prompts: shard {first_open:05d} of {out} is started ({sorted(started)}); its prompts can "
+                         "no longer change")
+    path = prompts_path(out)
+    tmp = path.with_name(path.name + ".tmp")
+    with (gzip.open(tmp, "wt") if path.suffix == ".gz" else open(tmp, "w")) as f:
+        for p in old + list(new):
+            f.write(json.dumps(p) + "\n")
+    os.replace(tmp, path)
+    return len(old) + len(new)
+
+
 def prompts_path(out: str | Path) -> Path:
     """OUT/prompts.jsonl, or its gzip copy ``prompts.jsonl.gz`` (the form a data directory has in git)."""
     plain = Path(out) / "prompts.jsonl"

@@ -35,14 +35,13 @@ def model():
     return tiny_model(seed=3, eos_token_id=7).eval()
 
 
-@pytest.mark.parametrize("batch_size,margin,max_slots", [(4, 256, 1 << 20), (3, 2, 1 << 20), (5, 2, 90)])
-def test_batcher_answers_equal_plain_decoding(model, batch_size, margin, max_slots):
-    # margin 2 forces the cache to pack rows often; max_slots 90 makes long prompts decode in fewer rows.
+@pytest.mark.parametrize("batch_size,max_slots", [(4, 1 << 20), (3, 1 << 20), (5, 90)])
+def test_batcher_answers_equal_plain_decoding(model, batch_size, max_slots):
+    # max_slots 90 makes the longer prompts decode in fewer rows (the batch shrinks and regrows its cache).
     vocab = model.config.vocab_size
     prompts = _prompts(11, vocab)
     batcher = ContinuousBatcher(model, {7}, batch_size=batch_size, max_new_tokens=12, max_prompt_tokens=32,
                                 max_slots=max_slots)
-    batcher.margin = margin
     done = []
     answers = batcher.run(prompts, on_done=lambda i, a: done.append(i))
     assert sorted(done) == list(range(len(prompts)))

@@ -118,7 +118,9 @@ class ContinuousBatcher:
         self.max_slots = max_slots
         self.prefill_scores = 1 << 22  # query x key pairs per prefill chunk (bounds memory, not speed)
         self.refill_at = max(1, batch_size // 4)
-        self.num_layers = model.config.get_text_config().num_hidden_layers
+        text = model.config.get_text_config()
+        self.num_layers, self.kv_heads = text.num_hidden_layers, text.num_key_value_heads
+        self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
 
@@ -187,9 +189,22 @@ class ContinuousBatcher:
         return done
 
     def _admit(self, cache: Cache, rows: _Rows, slots: torch.Tensor, prompts: list[list[int]], index: list[int]) -> None:
-        """Prefill ``prompts`` (left-padded, in chunks) and copy each one's keys/values to slot 0.. of its row."""
+        """Prefill ``prompts`` (ascending length) in left-padded chunks; each one's keys/values go to slot 0.. of its row."""
+        self._grow(cache, rows, self._capacity(cache, max(map(len, prompts))))
+        logits, start = [], 0
+        while start < len(prompts):
+            stop = start + 1  # the widest chunk whose padded attention scores stay in budget
+            while stop < len(prompts) and (stop + 1 - start) * len(prompts[stop]) ** 2 <= self.prefill_scores:
+                stop += 1
+            logits.append(self._prefill(cache, slots[start:stop], prompts[start:stop]))
+            start = stop
+        rows.prompt[slots] = torch.tensor(index)
+        rows.length[slots] = torch.tensor([len(p) for p in prompts])
+        self._record(rows, slots, self._next_tokens(torch.cat(logits).float()).cpu())
+
+    def _prefill(self, cache: Cache, slots: torch.Tensor, prompts: list[list[int]]) -> torch.Tensor:
+        """One left-padded forward over ``prompts``; returns their last logits [n, V]."""
         n, P = len(prompts), max(map(len, prompts))
-        self._grow(cache, rows, self._capacity(cache, P))
         ids = torch.zeros(n, P, dtype=torch.long)
         real = torch.zeros(n, P, dtype=torch.bool)
         for j, p in enumerate(prompts):
@@ -198,27 +213,15 @@ class ContinuousBatcher:
         pos = (real.long().cumsum(1) - 1).clamp_min(0)
         see = torch.ones(P, P, dtype=torch.bool).tril()[None] & real[:, None, :]
         see |= torch.eye(P, dtype=torch.bool)[None]  # pad queries see themselves: no empty softmax rows
-        chunk = max(1, self.prefill_scores // (P * P))
-        logits = []
-        for c in range(0, n, chunk):
-            part = slice(c, c + chunk)
-            tmp = row_cache(self.num_layers, P)
-            logits.append(self.model(input_ids=ids[part].to(self.device), position_ids=pos[part].to(self.device),
-                                     attention_mask=_float_mask(see[part].to(self.device), self.dtype), cache=tmp,
-                                     use_cache=True, logits_to_keep=1).logits[:, -1])
-            for layer, new in zip(cache.layers, tmp.layers):
-                if not layer.is_initialized:
-                    H, D = new.keys.shape[1], new.keys.shape[3]
-                    layer.keys = new.keys.new_zeros(len(rows.prompt), H, layer.capacity, D)
-                    layer.values = new.values.new_zeros(len(rows.prompt), H, layer.capacity, D)
-                    layer.device, layer.is_initialized = new.keys.device, True
-                for j in range(c, min(c + chunk, n)):
-                    L = len(prompts[j])
-                    layer.keys[slots[j], :, :L] = new.keys[j - c, :, P - L:]
-                    layer.values[slots[j], :, :L] = new.values[j - c, :, P - L:]
-        rows.prompt[slots] = torch.tensor(index)
-        rows.length[slots] = torch.tensor([len(p) for p in prompts])
-        self._record(rows, slots, self._next_tokens(torch.cat(logits).float()).cpu())
+        tmp = row_cache(self.num_layers, P)
+        logits = self.model(input_ids=ids.to(self.device), position_ids=pos.to(self.device),
+                            attention_mask=_float_mask(see.to(self.device), self.dtype), cache=tmp, use_cache=True,
+                            logits_to_keep=1).logits[:, -1]
+        for layer, new in zip(cache.layers, tmp.layers):
+            for j, p in enumerate(prompts):
+                layer.keys[slots[j], :, :len(p)] = new.keys[j, :, P - len(p):]
+                layer.values[slots[j], :, :len(p)] = new.values[j, :, P - len(p):]
+        return logits
 
     def _step(self, cache: Cache, rows: _Rows) -> None:
         """One decode step of every row (free rows compute too: the batch keeps its shape)."""
@@ -238,17 +241,17 @@ class ContinuousBatcher:
 
     def _grow(self, cache: Cache, rows: _Rows, capacity: int) -> None:
         """Make room for ``capacity`` slots per row (buffers are reallocated only when they must grow)."""
-        if capacity <= cache.layers[0].capacity:
+        if capacity <= cache.layers[0].capacity and cache.layers[0].is_initialized:
             return
         used = int(rows.length.max()) if len(rows.length) else 0
         for layer in cache.layers:
-            layer.capacity = capacity
-            if layer.is_initialized:
-                for name in ("keys", "values"):
-                    t = getattr(layer, name)
-                    bigger = t.new_zeros(t.shape[0], t.shape[1], capacity, t.shape[3])
-                    bigger[:, :, :used] = t[:, :, :used]
-                    setattr(layer, name, bigger)
+            old = (layer.keys, layer.values) if layer.is_initialized else None
+            layer.capacity = capacity = max(capacity, layer.capacity)
+            layer.keys, layer.values = (torch.zeros(len(rows.prompt), self.kv_heads, capacity, self.head_dim,
+                                                    dtype=self.dtype, device=self.device) for _ in range(2))
+            if old is not None:
+                layer.keys[:, :, :used], layer.values[:, :, :used] = old[0][:, :, :used], old[1][:, :, :used]
+            layer.device, layer.is_initialized = self.device, True
 
     def _resize(self, cache: Cache, rows: _Rows, n_rows: int) -> _Rows:
         """The rows still decoding (cache rows too), then free rows up to ``n_rows`` in all."""

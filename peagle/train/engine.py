@@ -244,6 +244,8 @@ class ContinuousBatcher:
         if capacity <= cache.layers[0].capacity and cache.layers[0].is_initialized:
             return
         used = int(rows.length.max()) if len(rows.length) else 0
+        if cache.layers[0].is_initialized:  # grow by half at least: prompts come longer and longer
+            capacity = max(capacity, cache.layers[0].capacity * 3 // 2)
         for layer in cache.layers:
             old = (layer.keys, layer.values) if layer.is_initialized else None
             layer.capacity = capacity = max(capacity, layer.capacity)

@@ -31,11 +31,12 @@ from pathlib import Path
 
 import torch
 
+from .. import machine
 from ..embedded import load_target_by_name  # noqa: F401  (its home: peagle.embedded)
 from ..sampling import SamplingParams
 from ..target import Target
 from .engine import ContinuousBatcher
-from .shards import save_shard, shard_dir, shard_metadata
+from .shards import parse_shards, save_shard, shard_dir, shard_metadata
 
 ENGINES = ("batcher", "loop", "vllm")
 
@@ -64,8 +65,6 @@ def generation_dtype(name: str) -> str:
     """"auto" -> "bfloat16" on a GPU or a CPU with native bf16 (batched bf16 matmuls pay there), else "float32"."""
     if name != "auto":
         return name
-    from .. import machine
-
     native = torch.cuda.is_available() or machine.native_bf16(machine.cpu_facts()["flags"])
     return "bfloat16" if native else "float32"
 
@@ -76,8 +75,6 @@ def excluded_ids(spec: str) -> set[str]:
     With ``:18-19:128`` only the prompts of those shards of that file count (shard i = lines
     [i*SIZE, (i+1)*SIZE)). A ShareGPT id ``sharegpt/C`` also excludes every turn ``sharegpt/C/j``.
     """
-    from .shards import parse_shards
-
     path, _, rest = spec.partition(":")
     lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     if rest:

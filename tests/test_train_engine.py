@@ -49,6 +49,13 @@ def test_batcher_answers_equal_plain_decoding(model, batch_size, max_slots):
         assert a == _plain(model, p, 12, {7})
 
 
+def test_unpadded_prefill_chunks_give_the_same_answers(model):
+    prompts = _prompts(6, model.config.vocab_size, seed=5)
+    batcher = ContinuousBatcher(model, {7}, batch_size=4, max_new_tokens=8, max_prompt_tokens=32)
+    batcher.prefill_scores = 1  # one prompt per prefill chunk: no padding, the model's own causal mask
+    assert batcher.run(prompts) == [_plain(model, p, 8, {7}) for p in prompts]
+
+
 def test_batcher_rejects_prompts_it_cannot_hold(model):
     batcher = ContinuousBatcher(model, {7}, batch_size=2, max_new_tokens=4, max_prompt_tokens=8)
     with pytest.raises(ValueError, match=r"prompts\[1\] has 9 tokens; allowed 1\.\.8"):

@@ -147,3 +147,26 @@ def test_prompts_extend_only_an_unstarted_last_shard(tmp_path):
     (tmp_path / "shards" / "00001.partial").write_text("")
     with pytest.raises(ValueError, match="shard 00001 .* is started"):
         extend_prompts(tmp_path, [rec(7)], shard_size=4)
+
+
+def test_auto_dtype_keeps_a_started_directorys_own(tmp_path):
+    from peagle.train.data import generation_dtype, resumed_dtype
+
+    assert resumed_dtype(tmp_path, "auto") == generation_dtype("auto") and resumed_dtype(tmp_path, "float32") == "float32"
+    (tmp_path / "settings.json").write_text(json.dumps({"dtype": "bfloat16"}))
+    assert resumed_dtype(tmp_path, "auto") == "bfloat16"  # whatever this CPU would pick
+
+
+def test_exclude_prompts_reads_shards_of_a_plain_or_gzipped_list(tmp_path):
+    import gzip
+
+    from peagle.train.cli import main as train_main
+    from peagle.train.data import excluded_ids
+
+    lines = "".join(json.dumps({"id": f"p/{i}"}) + "\n" for i in range(6))
+    (tmp_path / "a.jsonl").write_text(lines)
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt") as f:
+        f.write(lines)
+    assert excluded_ids(f"{tmp_path / 'a.jsonl'}:1:2") == excluded_ids(f"{tmp_path / 'b.jsonl.gz'}:1:2") == {"p/2", "p/3"}
+    with pytest.raises(SystemExit, match="--exclude-prompts"):
+        train_main(["data", "--out", str(tmp_path / "d"), "--exclude-prompts", str(tmp_path / "missing.jsonl")])

@@ -64,19 +64,19 @@ def _run_data(args) -> int:
         check_worker,
         excluded_ids,
         extend_prompts,
-        generation_dtype,
         load_target_by_name,
         prepare,
         prompts_path,
         read_prompts,
         regenerate,
+        resumed_dtype,
         shuffled,
     )
     from .prompts import build_prompts
 
     apply_threads(args.threads or "auto")
     settings = GenerationSettings(
-        target=args.target, dtype=generation_dtype(args.dtype), max_new_tokens=args.max_new_tokens,
+        target=args.target, dtype=resumed_dtype(args.out, args.dtype), max_new_tokens=args.max_new_tokens,
         max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature, top_p=args.top_p,
         seed=args.seed, shard_size=args.shard_size, batch_size=args.batch_size)
     out = Path(args.out)
@@ -86,7 +86,10 @@ def _run_data(args) -> int:
     prompts, target = [], None
     if fresh or args.add_prompts:
         sources = tuple(s.strip() for s in args.prompts.split(",") if s.strip())
-        exclude = excluded_ids(args.exclude_prompts) if args.exclude_prompts else set()
+        try:
+            exclude = excluded_ids(args.exclude_prompts) if args.exclude_prompts else set()
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"--exclude-prompts: {err}")
         if args.add_prompts:
             exclude |= {p["id"] for p in read_prompts(out)}
         n_listed = args.num_prompts if fresh or not args.magpie_prompts else 0

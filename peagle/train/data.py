@@ -76,7 +76,7 @@ def excluded_ids(spec: str) -> set[str]:
     [i*SIZE, (i+1)*SIZE)). A ShareGPT id ``sharegpt/C`` also excludes every turn ``sharegpt/C/j``.
     """
     path, _, rest = spec.partition(":")
-    lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    lines = _read_jsonl(Path(path))
     if rest:
         shards, _, size = rest.partition(":")
         if not size.isdigit() or int(size) < 1:
@@ -136,12 +136,13 @@ def extend_prompts(out: str | Path, new: list[dict], shard_size: int) -> int:
     if started and len(old) % shard_size:
         raise ValueError(f"extend_prompts: shard {first_open:05d} of {out} is started ({sorted(started)}); its prompts can "
                          "no longer change")
-    path = prompts_path(out)
-    tmp = path.with_name(path.name + ".tmp")
-    with (gzip.open(tmp, "wt") if path.suffix == ".gz" else open(tmp, "w")) as f:
-        for p in old + list(new):
-            f.write(json.dumps(p) + "\n")
-    os.replace(tmp, path)
+    plain = Path(out) / "prompts.jsonl"
+    for path in [p for p in (plain, plain.with_name(plain.name + ".gz")) if p.exists()]:  # keep both forms in step
+        tmp = path.with_name(path.name + ".tmp")
+        with (gzip.open(tmp, "wt") if path.suffix == ".gz" else open(tmp, "w")) as f:
+            for p in old + list(new):
+                f.write(json.dumps(p) + "\n")
+        os.replace(tmp, path)
     return len(old) + len(new)
 
 
@@ -152,12 +153,24 @@ def prompts_path(out: str | Path) -> Path:
     return packed if packed.exists() and not plain.exists() else plain
 
 
-def read_prompts(out: str | Path) -> list[dict]:
+def _read_jsonl(path: Path) -> list[dict]:
     import gzip
 
-    path = prompts_path(out)
     with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def read_prompts(out: str | Path) -> list[dict]:
+    return _read_jsonl(prompts_path(out))
+
+
+def resumed_dtype(out: str | Path, dtype: str) -> str:
+    """The generation dtype: a directory already started keeps its own when asked for "auto"
+    (a resume on another CPU must not change it); else :func:`generation_dtype`."""
+    settings = Path(out) / "settings.json"
+    if dtype == "auto" and settings.exists():
+        return json.loads(settings.read_text())["dtype"]
+    return generation_dtype(dtype)
 
 
 def _encode(target: Target, prompt: dict) -> list[int]:

@@ -1,5 +1,7 @@
 """The data engine: continuous batching gives every prompt the answer plain decoding gives it."""
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,7 +154,8 @@ def test_prompts_extend_only_an_unstarted_last_shard(tmp_path):
 def test_auto_dtype_keeps_a_started_directorys_own(tmp_path):
     from peagle.train.data import generation_dtype, resumed_dtype
 
-    assert resumed_dtype(tmp_path, "auto") == generation_dtype("auto") and resumed_dtype(tmp_path, "float32") == "float32"
+    assert resumed_dtype(tmp_path, "auto") == "auto" and resumed_dtype(tmp_path, "float32") == "float32"
+    assert generation_dtype("auto") in ("bfloat16", "float32") and generation_dtype("float32") == "float32"
     (tmp_path / "settings.json").write_text(json.dumps({"dtype": "bfloat16"}))
     assert resumed_dtype(tmp_path, "auto") == "bfloat16"  # whatever this CPU would pick
 
@@ -170,3 +173,30 @@ def test_exclude_prompts_reads_shards_of_a_plain_or_gzipped_list(tmp_path):
     assert excluded_ids(f"{tmp_path / 'a.jsonl'}:1:2") == excluded_ids(f"{tmp_path / 'b.jsonl.gz'}:1:2") == {"p/2", "p/3"}
     with pytest.raises(SystemExit, match="--exclude-prompts"):
         train_main(["data", "--out", str(tmp_path / "d"), "--exclude-prompts", str(tmp_path / "missing.jsonl")])
+
+
+def _fake_vllm(monkeypatch, exit_after: int = -1):
+    import sys
+
+    monkeypatch.setenv("PEAGLE_VLLM_PYTHON", sys.executable)
+    fake = str(Path(__file__).parent / "fake_vllm")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([fake, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("FAKE_VLLM_EXIT_AFTER", str(exit_after))
+
+
+def test_vllm_engine_streams_answers_chunk_by_chunk_and_a_killed_engine_keeps_them(monkeypatch):
+    from peagle.train.data import GenerationSettings
+    from peagle.train.engine_vllm import vllm_answers
+
+    settings = GenerationSettings(target="some/model", dtype="float32", max_new_tokens=2)
+    prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10], [11]]
+    expected = [[sum(p) % 97, len(p)] for p in prompts]
+    _fake_vllm(monkeypatch)
+    got = []
+    assert vllm_answers(settings, prompts, seed=0, on_done=lambda i, a: got.append((i, a)), chunk_prompts=2) == expected
+    assert sorted(got) == list(enumerate(expected))
+    _fake_vllm(monkeypatch, exit_after=2)  # dies during the third chunk
+    got.clear()
+    with pytest.raises(RuntimeError, match="exited with 3 after 4 of 5 answers"):
+        vllm_answers(settings, prompts, seed=0, on_done=lambda i, a: got.append((i, a)), chunk_prompts=2)
+    assert sorted(got) == list(enumerate(expected))[:4]

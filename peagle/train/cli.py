@@ -64,6 +64,7 @@ def _run_data(args) -> int:
         check_worker,
         excluded_ids,
         extend_prompts,
+        generation_dtype,
         load_target_by_name,
         prepare,
         prompts_path,
@@ -97,7 +98,7 @@ def _run_data(args) -> int:
         if args.magpie_prompts:
             from .magpie import magpie_prompts
 
-            target = load_target_by_name(args.target, settings.dtype)
+            target = load_target_by_name(args.target, generation_dtype(settings.dtype))
             written = [p for p in magpie_prompts(target, args.magpie_prompts, seed=args.seed) if p["id"] not in exclude]
             prompts = shuffled(prompts + written, args.seed)
         print(f"{len(prompts)} prompts ({sum(p['source'] == 'stdlib' for p in prompts)} code, "
@@ -110,7 +111,7 @@ def _run_data(args) -> int:
     except ValueError:
         raise SystemExit(f"--worker must be I/N with 0 <= I < N (e.g. 0/2), got {args.worker!r}")
     prepare(out, prompts, settings)
-    target = target or load_target_by_name(args.target, settings.dtype)
+    target = target or load_target_by_name(args.target, generation_dtype(settings.dtype))
     metas = regenerate(target, prompts, out, settings, max_shards=args.max_shards, worker=worker, engine=args.engine)
     total = sum(m["response_tokens"] for m in metas)
     print(json.dumps({"shards": len(metas), "rows": sum(m["rows"] for m in metas), "answer_tokens": total}))

@@ -26,7 +26,7 @@ import json
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -44,7 +44,7 @@ ENGINES = ("batcher", "loop", "vllm")
 @dataclass(frozen=True)
 class GenerationSettings:
     target: str  # "default" (the embedded SmolLM2) or an HF id / path
-    dtype: str = "bfloat16"  # target dtype while generating
+    dtype: str = "bfloat16"  # target dtype while generating; "auto": each shard's machine picks (recorded per shard)
     max_new_tokens: int = 256  # answer budget per prompt (eos included)
     max_prompt_tokens: int = 512  # longer chat-templated prompts are dropped
     temperature: float = 0.0  # 0 = greedy
@@ -165,12 +165,18 @@ def read_prompts(out: str | Path) -> list[dict]:
 
 
 def resumed_dtype(out: str | Path, dtype: str) -> str:
-    """The generation dtype: a directory already started keeps its own when asked for "auto"
-    (a resume on another CPU must not change it); else :func:`generation_dtype`."""
+    """The dtype setting of a data directory: one already started keeps its own when asked for
+    "auto" (a resume on another CPU must not be refused), a new one stores what was asked.
+
+    A directory whose setting is "auto" has each shard generated in the dtype its machine runs
+    natively (:func:`generation_dtype`; bf16 answers where bf16 matmuls are native, fp32 where
+    not) and records that dtype in the shard's metadata: greedy answers can part at near-ties
+    between the two, and both are the target's own answers.
+    """
     settings = Path(out) / "settings.json"
     if dtype == "auto" and settings.exists():
         return json.loads(settings.read_text())["dtype"]
-    return generation_dtype(dtype)
+    return dtype
 
 
 def _encode(target: Target, prompt: dict) -> list[int]:
@@ -210,8 +216,8 @@ def run_engine(engine: str, target: Target, prompt_ids: list[list[int]], setting
     if engine == "vllm":
         from .engine_vllm import vllm_answers
 
-        answers = vllm_answers(settings, prompt_ids, seed)
-    elif engine == "loop":
+        return vllm_answers(replace(settings, dtype=generation_dtype(settings.dtype)), prompt_ids, seed, on_done)
+    if engine == "loop":
         answers = generate_answers(target, prompt_ids, settings, seed)
     else:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
@@ -275,6 +281,7 @@ def generate_shard(target: Target, out: Path, index: int, prompts: list[dict], s
         "prompt_tokens": int(sum(rows["prompt_len"])), "response_tokens": int(sum(rows["response_len"])),
         "finished_rows": int(sum(rows["finished"])), "seconds": round(time.perf_counter() - t0, 1),
         "engine": engine, "resumed_rows": len(encoded) - len(todo),
+        "dtype": str(next(target.model.parameters()).dtype).removeprefix("torch."),
         "settings": asdict(settings), "target_config": settings.target,  # the name given (not a machine path)
         "torch": torch.__version__, "host": platform.node(), "threads": torch.get_num_threads(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),

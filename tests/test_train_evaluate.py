@@ -33,13 +33,13 @@ def trained(tmp_path_factory):
     return root, target, heads
 
 
-def _brute_force_acceptance(head, target, data_dir, shard: str) -> tuple[float, int]:
+def _brute_force_acceptance(head, target, data_dir, shard: str) -> tuple[float, int, dict[int, list[int]]]:
     """Per anchor: draft K tokens through Drafter.draft from the cached context, count the matching prefix."""
     used = head.draft_to_target(torch.arange(head.config.draft_vocab_size))
     data = TrainSet(data_dir, 1024, target, used, "cache", shard)
     head.bind(target)
     head = head.float().eval()
-    accepted, anchors = [], 0
+    accepted, anchors, by_anchor = [], 0, {}
     for shard_i, row, ids, P in data.rows:
         aux, _ = data.cache.get(shard_i, row, len(ids))
         seq = torch.tensor(ids)
@@ -53,21 +53,32 @@ def _brute_force_acceptance(head, target, data_dir, shard: str) -> tuple[float, 
                 drafted = head.draft(step, K).tokens[0]
             ok = (drafted == seq[a + 2: a + 2 + K]).long()
             accepted.append(int(ok.cumprod(0).sum()))
+            by_anchor.setdefault(a, []).append(accepted[-1])
             anchors += 1
-    return 1.0 + sum(accepted) / anchors, anchors
+    return 1.0 + sum(accepted) / anchors, anchors, by_anchor
 
 
 @pytest.mark.parametrize("kind", ["peagle", "eagle3"])
-def test_offline_acceptance_equals_the_drafters_own(trained, kind):
+def test_offline_acceptance_equals_the_drafters_own(trained, kind, monkeypatch):
+    import peagle.train.evaluate as evaluate
+
+    monkeypatch.setattr(evaluate, "CONTEXT_BINS", (0, 12, 24, 48))  # the tiny data's sequences are short
     root, target, heads = trained
     head = from_pretrained(heads[kind] / "final", target=target)
     res = evaluate_head(head, target, root / "data", shards="2", draft_k=K, show_progress=False)
-    expected, anchors = _brute_force_acceptance(from_pretrained(heads[kind] / "final", target=target), target,
+    expected, anchors, by_anchor = _brute_force_acceptance(from_pretrained(heads[kind] / "final", target=target), target,
                                                 root / "data", "2")
     assert res.anchors == anchors > 0
     assert res.acceptance_length > 1.0  # a trained head accepts something: the comparison is not 1 == 1
     assert res.acceptance_length == pytest.approx(expected, abs=1e-9)
     assert res.acceptance_by_position == sorted(res.acceptance_by_position, reverse=True)
+    bins = {}  # per context bin, from the drafter's own drafts
+    for a, counts in by_anchor.items():
+        lo, hi = max((lo, hi) for lo, hi in zip((0, 12, 24, 48), (12, 24, 48, None)) if a >= lo)
+        bins.setdefault(f"{lo}-{hi - 1}" if hi else f"{lo}+", []).extend(counts)
+    assert len(bins) > 1
+    assert {b["context"]: (b["anchors"], pytest.approx(b["acceptance_length"], abs=1e-9)) for b in res.acceptance_by_context} \
+        == {k: (len(v), 1.0 + sum(v) / len(v)) for k, v in bins.items()}
 
 
 def test_training_reads_only_the_named_shards_and_the_cli_writes_json(trained):

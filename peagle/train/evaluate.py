@@ -13,7 +13,7 @@ the hour a decoding run takes, and on shards the head never trained on (``--shar
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -26,6 +26,8 @@ from . import kinds as train_kinds
 from .forward import StepStats
 from .shards import parse_shards
 from .trainer import TrainSet, micro_batches
+
+CONTEXT_BINS = (0, 512, 1024, 2048, 4096)  # acceptance is also reported per bin of tokens before the anchor
 
 
 @dataclass
@@ -43,13 +45,19 @@ class HeldOutResult:
     acceptance_by_position: list[float]  # P(positions 1..j all accepted), anchors with draft_k depths
     acceptance_length: float  # 1 + sum(acceptance_by_position): tokens per target pass
     anchors: int  # anchors behind acceptance_length
+    # Per context bin (tokens before the anchor, CONTEXT_BINS): {"context": "512-1023", "anchors": n,
+    # "acceptance_length": x}; bins without anchors are left out.
+    acceptance_by_context: list[dict] = field(default_factory=list)
 
     def table(self) -> str:
         rows = ["| depth | KL | agreement | P(accepted through here) |", "|---|---|---|---|"]
         for d in range(self.draft_k):
             rows.append(f"| {d + 1} | {self.kl_by_depth[d]:.3f} | {self.agreement_by_depth[d]:.3f} | "
                         f"{self.acceptance_by_position[d]:.3f} |")
-        return "\n".join(rows) + f"\nacceptance length {self.acceptance_length:.3f} over {self.anchors} anchors"
+        by_context = ", ".join(f"{b['context']}: {b['acceptance_length']:.3f} ({b['anchors']})"
+                               for b in self.acceptance_by_context)
+        return ("\n".join(rows) + f"\nacceptance length {self.acceptance_length:.3f} over {self.anchors} anchors"
+                + (f"\nby context tokens (anchors): {by_context}" if by_context else ""))
 
 
 def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None, draft_k: int | None = None,
@@ -90,6 +98,8 @@ def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None,
     bar = tqdm(total=len(order), unit="seq", desc=f"evaluate {kind.name}", disable=not show_progress, mininterval=5)
     accepted_sum, agree_sum = torch.zeros(K), torch.zeros(K)
     anchors = 0
+    edges = torch.tensor(CONTEXT_BINS[1:])
+    bin_accepted, bin_anchors = torch.zeros(len(CONTEXT_BINS)), torch.zeros(len(CONTEXT_BINS))
     with torch.no_grad():
         for mb in micro_batches(order, lengths, micro_batch_tokens):
             packed, feats = data.batch(mb, "cpu")
@@ -106,8 +116,14 @@ def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None,
             grid[anchor[keep], depth[keep]] = ok[keep].float()
             have[anchor[keep], depth[keep]] = True
             full = have.all(1)
-            accepted_sum += grid[full].cumprod(1).sum(0)
+            run = grid[full].cumprod(1)  # [anchors, K]: 1 through the last accepted position
+            accepted_sum += run.sum(0)
             anchors += int(full.sum())
+            rows = full.nonzero().squeeze(1)
+            context = rows - packed.doc_start[packed.doc[rows]]  # tokens before the anchor in its sequence
+            b = torch.bucketize(context, edges, right=True)
+            bin_accepted.index_add_(0, b, run.sum(1))
+            bin_anchors.index_add_(0, b, torch.ones_like(b, dtype=torch.float))
             answer_tokens += sum(len(data.rows[i][2]) - data.rows[i][3] for i in mb)
             bar.update(len(mb))
     bar.close()
@@ -116,7 +132,15 @@ def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None,
     return HeldOutResult(
         head=head_name, kind=kind.name, shards=shards, draft_k=K, sequences=len(order), answer_tokens=answer_tokens,
         kl_by_depth=(torch.tensor(stats.loss_sum[:K]) / n).tolist(), agreement_by_depth=(agree_sum / n).tolist(),
-        acceptance_by_position=by_pos, acceptance_length=1.0 + sum(by_pos), anchors=anchors)
+        acceptance_by_position=by_pos, acceptance_length=1.0 + sum(by_pos), anchors=anchors,
+        acceptance_by_context=_by_context(bin_accepted, bin_anchors))
+
+
+def _by_context(accepted: torch.Tensor, anchors: torch.Tensor) -> list[dict]:
+    bounds = list(CONTEXT_BINS) + [None]
+    return [{"context": f"{lo}-{hi - 1}" if hi else f"{lo}+", "anchors": int(n),
+             "acceptance_length": 1.0 + float(a) / float(n)}
+            for lo, hi, a, n in zip(bounds[:-1], bounds[1:], accepted.tolist(), anchors.tolist()) if n > 0]
 
 
 def run_cli(args) -> int:

@@ -200,3 +200,36 @@ def test_vllm_engine_streams_answers_chunk_by_chunk_and_a_killed_engine_keeps_th
     with pytest.raises(RuntimeError, match="exited with 3 after 4 of 5 answers"):
         vllm_answers(settings, prompts, seed=0, on_done=lambda i, a: got.append((i, a)), chunk_prompts=2)
     assert sorted(got) == list(enumerate(expected))[:4]
+
+
+def test_the_vllm_process_dies_with_peagle(monkeypatch, tmp_path):
+    """A peagle killed by SIGKILL takes its vLLM process with it (no orphan keeps a core busy)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if sys.platform != "linux":
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    _fake_vllm(monkeypatch)
+    monkeypatch.setenv("FAKE_VLLM_SLEEP", "60")
+    pid_file = tmp_path / "child.pid"
+    monkeypatch.setenv("FAKE_VLLM_PID_FILE", str(pid_file))
+    code = ("from peagle.train.data import GenerationSettings\nfrom peagle.train.engine_vllm import vllm_answers\n"
+            "vllm_answers(GenerationSettings(target='m', dtype='float32', max_new_tokens=2), [[1, 2]], seed=0)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    for _ in range(200):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(child, signal.SIGKILL)
+    raise AssertionError("the vLLM process outlived peagle")

@@ -55,7 +55,8 @@ def vllm_answers(settings, prompt_ids: list[list[int]], seed: int, on_done=None,
         req, resp = Path(tmp) / "request.json", Path(tmp) / "answers.jsonl"
         req.write_text(json.dumps(request))
         resp.touch()
-        child = subprocess.Popen([vllm_python(), str(Path(__file__).resolve()), str(req), str(resp)], env=_child_env())
+        child = subprocess.Popen([vllm_python(), str(Path(__file__).resolve()), str(req), str(resp)], env=_child_env(),
+                                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         with open(resp) as f:
             try:
                 while child.poll() is None:
@@ -83,6 +84,15 @@ def _child_env() -> dict[str, str]:
     if not torch.cuda.is_available():
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     return env
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: the kernel kills vLLM when peagle dies, even by a signal that
+    runs no Python cleanup (``kill``, the OOM killer), so no orphan keeps a core busy."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 def _complete_lines(f) -> list[str]:

@@ -1,9 +1,11 @@
 """A stand-in for vLLM's offline API, for tests of ``peagle train data --engine vllm`` without vLLM.
 
 Answers are a function of the prompt; ``FAKE_VLLM_EXIT_AFTER=n`` makes the process die after n
-``generate`` calls, as a killed engine would.
+``generate`` calls, as a killed engine would; ``FAKE_VLLM_SLEEP`` makes each call slow and
+``FAKE_VLLM_PID_FILE`` names a file to write the process id to.
 """
 import os
+import time
 
 _calls = 0
 
@@ -26,11 +28,15 @@ class _Request:
 class LLM:
     def __init__(self, model, **kwargs):
         self.model = model
+        if os.environ.get("FAKE_VLLM_PID_FILE"):
+            with open(os.environ["FAKE_VLLM_PID_FILE"], "w") as f:
+                f.write(str(os.getpid()))
 
     def generate(self, prompts, params):
         global _calls
         if _calls == int(os.environ.get("FAKE_VLLM_EXIT_AFTER", "-1")):
             os._exit(3)
         _calls += 1
+        time.sleep(float(os.environ.get("FAKE_VLLM_SLEEP", "0")))
         return [_Request([sum(p["prompt_token_ids"]) % 97, len(p["prompt_token_ids"])][: params.max_tokens])
                 for p in prompts]

@@ -157,7 +157,7 @@ def test_auto_dtype_keeps_a_started_directorys_own(tmp_path):
     assert resumed_dtype(tmp_path, "auto") == "auto" and resumed_dtype(tmp_path, "float32") == "float32"
     assert generation_dtype("auto") in ("bfloat16", "float32") and generation_dtype("float32") == "float32"
     (tmp_path / "settings.json").write_text(json.dumps({"dtype": "bfloat16"}))
-    assert resumed_dtype(tmp_path, "auto") == "bfloat16"  # whatever this CPU would pick
+    assert resumed_dtype(tmp_path, "auto") == "bfloat16"  # the directory's own, whatever this CPU would pick
 
 
 def test_exclude_prompts_reads_shards_of_a_plain_or_gzipped_list(tmp_path):
@@ -200,6 +200,8 @@ def test_vllm_engine_streams_answers_chunk_by_chunk_and_a_killed_engine_keeps_th
     with pytest.raises(RuntimeError, match="exited with 3 after 4 of 5 answers"):
         vllm_answers(settings, prompts, seed=0, on_done=lambda i, a: got.append((i, a)), chunk_prompts=2)
     assert sorted(got) == list(enumerate(expected))[:4]
+    with pytest.raises(ValueError, match="chunk_prompts must be >= 1"):
+        vllm_answers(settings, prompts, seed=0, chunk_prompts=0)
 
 
 def test_the_vllm_process_dies_with_peagle(monkeypatch, tmp_path):

@@ -179,6 +179,10 @@ def resumed_dtype(out: str | Path, dtype: str) -> str:
     return dtype
 
 
+def _dtype_name(target: Target) -> str:
+    return str(target.dtype).removeprefix("torch.")
+
+
 def _encode(target: Target, prompt: dict) -> list[int]:
     """A prompt record -> chat-templated ids. Records carry ready "input_ids", a "text" (one user
     turn) or "messages" (a conversation so far, ending with the user turn to answer)."""
@@ -216,7 +220,8 @@ def run_engine(engine: str, target: Target, prompt_ids: list[list[int]], setting
     if engine == "vllm":
         from .engine_vllm import vllm_answers
 
-        return vllm_answers(replace(settings, dtype=generation_dtype(settings.dtype)), prompt_ids, seed, on_done)
+        # vLLM runs in the dtype the target was loaded in (the "auto" choice is made once, by the caller)
+        return vllm_answers(replace(settings, dtype=_dtype_name(target)), prompt_ids, seed, on_done)
     if engine == "loop":
         answers = generate_answers(target, prompt_ids, settings, seed)
     else:
@@ -281,7 +286,7 @@ def generate_shard(target: Target, out: Path, index: int, prompts: list[dict], s
         "prompt_tokens": int(sum(rows["prompt_len"])), "response_tokens": int(sum(rows["response_len"])),
         "finished_rows": int(sum(rows["finished"])), "seconds": round(time.perf_counter() - t0, 1),
         "engine": engine, "resumed_rows": len(encoded) - len(todo),
-        "dtype": str(next(target.model.parameters()).dtype).removeprefix("torch."),
+        "dtype": _dtype_name(target),
         "settings": asdict(settings), "target_config": settings.target,  # the name given (not a machine path)
         "torch": torch.__version__, "host": platform.node(), "threads": torch.get_num_threads(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),

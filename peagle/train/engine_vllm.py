@@ -36,6 +36,8 @@ def vllm_answers(settings, prompt_ids: list[list[int]], seed: int, on_done=None,
 
     ``on_done(i, answer)`` is called for each answer as its chunk of ``chunk_prompts`` ends.
     """
+    if chunk_prompts < 1:
+        raise ValueError(f"chunk_prompts must be >= 1, got {chunk_prompts}")
     from ..embedded import embedded_model_dir
 
     model = str(embedded_model_dir()) if settings.target in ("default", "embedded", "smollm2") else settings.target

@@ -13,9 +13,8 @@ rusage) go into the table, so an unequal budget shows. Resumable: a lever whose
 
 * ``baseline``: the recipe from scratch.
 * ``curriculum``: half the budget with 4 trained depths, then 8 (a second run from the first's weights).
-* ``warm_eagle3``: fc, the first layer, final norm and lm_head from the shipped EAGLE-3 head (its
-  MLP pruned to the 768 units of largest |gate|·|up|·|down|), the other layers' output projections
-  zeroed so that the head starts as EAGLE-3 at depth 0.
+* ``warm_eagle3``: ``--init-from`` the shipped EAGLE-3 head (peagle/train/warm_start.py: the head
+  starts as EAGLE-3 at depth 0).
 * ``lr2e-3_b4``: lr 2e-3, 4 sequences a step (twice the steps).
 * ``cod_0.6_0.05``: COD ratio 0.6, floor 0.05: fewer deep elements, where decoding accepts ~0.
 * ``continue_shipped``: the shipped P-EAGLE head + the budget at lr 4e-4 (the later rounds' rate).
@@ -71,33 +70,6 @@ def elements_per_step(data, mask_id: int, args: list[str], steps: int = 12) -> f
     return total / steps
 
 
-def warm_start_from_eagle3(eagle3_dir: str, out_dir: Path, target, used_ids: torch.Tensor, data_dir: str) -> Path:
-    """A recipe P-EAGLE head that starts as the EAGLE-3 head at depth 0, saved to ``out_dir``."""
-    from peagle.checkpoint import from_pretrained, save_pretrained
-    from peagle.train.trainer import TrainConfig, build_head
-
-    cfg = TrainConfig(kind="peagle", data=data_dir, out=str(out_dir), layers=4, intermediate_size=768,
-                      draft_vocab_size=6144)
-    head = build_head(cfg, target, used_ids)
-    src = from_pretrained(eagle3_dir, target=target).float().state_dict()
-    mine = head.state_dict()
-    width = mine["layers.0.mlp.gate_proj.weight"].shape[0]
-    gate, up, down = (src[f"layers.0.mlp.{n}_proj.weight"] for n in ("gate", "up", "down"))
-    keep = (gate.norm(dim=1) * up.norm(dim=1) * down.norm(dim=0)).topk(width).indices.sort().values
-    with torch.no_grad():
-        for name, t in mine.items():
-            if name in ("layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight"):
-                t.copy_(src[name][keep])
-            elif name == "layers.0.mlp.down_proj.weight":
-                t.copy_(src[name][:, keep])
-            elif name.startswith(("fc.", "norm.", "lm_head.", "layers.0.")) and name in src:
-                t.copy_(src[name])
-            elif name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")):
-                t.zero_()  # layers 1-3 start as the identity on the residual stream
-    save_pretrained(head, out_dir, target_name="default")
-    return out_dir
-
-
 def run_lever(name: str, phases, args, data, target, used_ids, mask_id) -> dict:
     out = Path(args.out) / name
     out.mkdir(parents=True, exist_ok=True)
@@ -111,7 +83,7 @@ def run_lever(name: str, phases, args, data, target, used_ids, mask_id) -> dict:
         steps = max(2, round(share * budget_s / per_step))
         run_dir = out / f"phase{i}"
         if init == "eagle3":
-            extra += ["--init-from", str(warm_start_from_eagle3(args.eagle3, out / "init", target, used_ids, args.data))]
+            extra += ["--init-from", args.eagle3]  # peagle.train.warm_start: P-EAGLE begins as EAGLE-3 at depth 0
         elif init == "shipped":
             extra += ["--init-from", args.peagle]
         elif init == "previous":

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from peagle.train import kinds
 from peagle.train.tiny import tiny_target
 from peagle.train.trainer import TrainConfig, build_head
 
@@ -68,3 +69,48 @@ def test_init_from_an_eagle3_head(tmp_path):
     load_weights_from(fresh, tmp_path / "saved", target)
     for name, tensor in trained.state_dict().items():
         assert torch.equal(fresh.state_dict()[name], tensor), name
+
+
+def _depth0_logits(head, target, tokens, hidden):
+    head.bind(target)
+    head.new_cache(1)
+    positions = torch.arange(tokens.shape[1]).unsqueeze(0)
+    with torch.no_grad():
+        return head.logits(head.run(tokens, head.fc(hidden), positions, torch.tensor([tokens.shape[1]])))
+
+
+def test_peagle_warm_started_from_eagle3_drafts_depth0_as_eagle3(tmp_path):
+    from peagle.checkpoint import save_pretrained
+    from peagle.train.trainer import load_weights_from
+
+    torch.set_num_threads(1)
+    target = tiny_target(hidden=64, layers=4, vocab=256)
+    used = torch.arange(0, 256, 2)
+    config = lambda kind, layers, **kw: TrainConfig(kind=kind, data=str(tmp_path), out=str(tmp_path), layers=layers,
+                                                    draft_vocab_size=128, seed=3, **kw)
+    eagle3 = build_head(config("eagle3", 1), target, used)
+    with torch.no_grad():  # a trained-looking head: no zero or default-initialised weights left
+        for name, p in eagle3.named_parameters():
+            if not name.startswith("embed_tokens"):  # EAGLE-3 reads the target's table
+                p.add_(0.05 * torch.randn_like(p))
+    save_pretrained(eagle3, tmp_path / "eagle3")
+    tokens = torch.randint(0, 255, (1, 6))  # 255 is P-EAGLE's mask token
+    hidden = torch.randn(1, 6, eagle3.fc.in_features)
+    want = _depth0_logits(eagle3, target, tokens, hidden)
+
+    fresh = build_head(config("peagle", 3), target, used)
+    assert (_depth0_logits(fresh, target, tokens, hidden) - want).abs().max() > 1e-2
+    warm = build_head(config("peagle", 3), target, used)
+    load_weights_from(warm, tmp_path / "eagle3", target, kinds.get("peagle"))
+    torch.testing.assert_close(_depth0_logits(warm, target, tokens, hidden), want, rtol=1e-5, atol=1e-5)
+
+    narrow = build_head(config("peagle", 3, intermediate_size=32), target, used)
+    load_weights_from(narrow, tmp_path / "eagle3", target, kinds.get("peagle"))
+    kept = narrow.state_dict()["layers.0.mlp.gate_proj.weight"]
+    assert kept.shape[0] == 32 and all(any(torch.equal(r, s) for s in eagle3.layers[0].mlp.gate_proj.weight) for r in kept)
+    other_vocab = build_head(config("peagle", 3), target, torch.arange(1, 256, 2))
+    with pytest.raises(ValueError, match="draft vocabulary"):
+        load_weights_from(other_vocab, tmp_path / "eagle3", target, kinds.get("peagle"))
+    with pytest.raises(ValueError, match="holds a"):  # EAGLE-3 does not warm-start from P-EAGLE
+        save_pretrained(warm, tmp_path / "peagle")
+        load_weights_from(build_head(config("eagle3", 1), target, used), tmp_path / "peagle", target, kinds.get("eagle3"))

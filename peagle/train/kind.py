@@ -26,6 +26,7 @@ with defaults a kind overrides where it differs (DFlash does)::
     train_vocab(cfg, target) -> ids [N]        target ids the loss runs over (default: the data's draft vocabulary)
     eval_vocab(head, target) -> ids [N]        target ids the held-out KL runs over (default: the head's draft vocabulary)
     drafted_to_target(head, ids) -> ids        target ids of the drafted ids eval_step records
+    warm_start(head, src) -> bool              start ``head`` from a trained head of another kind (default: no)
 """
 from __future__ import annotations
 
@@ -89,6 +90,10 @@ class TrainKind:
     def drafted_to_target(self, head, ids: torch.Tensor) -> torch.Tensor:
         """Target ids of the drafted ids ``eval_step`` records (draft-vocabulary ids by default)."""
         return head.draft_to_target(ids)
+
+    def warm_start(self, head, src) -> bool:
+        """Start the fresh ``head`` from ``src``, a trained head of another kind; False: not supported."""
+        return False
 
     def __repr__(self) -> str:
         return f"<training of head kind {self.name!r}>"

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..drafters.eagle3 import Eagle3Drafter
 from .eagle import EagleTraining
 from .forward import Features, PassRunner, StepStats, fc_hidden, supervised_loss
 from .plan import Group, Packed, depth0, element
+from .warm_start import peagle_from_eagle3
 
 
 @dataclass(frozen=True)
@@ -196,3 +198,9 @@ class PEagleTraining(EagleTraining):
     def eval_step(self, head, packed, feats, draft_k: int, stats) -> None:
         plan = plan_peagle(packed, draft_k, head.config.mask_token_id, ratio=1.0, min_ratio=1.0)  # every chain kept
         peagle_step(head, plan, feats, 1.0, backward=False, stats=stats)
+
+    def warm_start(self, head, src) -> bool:
+        if not isinstance(src, Eagle3Drafter):
+            return False
+        peagle_from_eagle3(head, src)
+        return True

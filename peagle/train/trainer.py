@@ -120,9 +120,12 @@ def build_head(cfg: TrainConfig, target, used_ids: torch.Tensor):
     return train_kinds.get(cfg.kind).new_head(cfg, target, used_ids)
 
 
-def load_weights_from(head, path: str | Path, target) -> None:
-    """Copy every weight of the saved head at ``path`` into ``head`` (same kind and shapes)."""
+def load_weights_from(head, path: str | Path, target, kind=None) -> None:
+    """Copy every weight of the saved head at ``path`` into ``head`` (same kind and shapes), or, for
+    a head of another kind, let ``kind`` warm-start from it (P-EAGLE from EAGLE-3)."""
     src = from_pretrained(path, target=target).float()
+    if type(src) is not type(head) and kind is not None and kind.warm_start(head, src):
+        return
     if type(src) is not type(head):
         raise ValueError(f"init_from: {path} holds a {type(src).__name__}, this run trains a {type(head).__name__}")
     mine, theirs = head.state_dict(), src.state_dict()
@@ -312,7 +315,7 @@ def train(cfg: TrainConfig, target=None) -> Path:
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
     head = build_head(cfg, target, used_ids)
     if cfg.init_from:
-        load_weights_from(head, cfg.init_from, target)
+        load_weights_from(head, cfg.init_from, target, kind)
     if cfg.precondition == "rms":
         precondition_fc(head, sample_aux_rms(data), fresh=not cfg.init_from)
     head = head.to(device)

@@ -27,7 +27,7 @@ def run_hours(run: Path) -> dict[int, float]:
         raise ValueError(f"{run}/log.jsonl needs two logged steps to time the run")
     per_step = (by_step[steps[-1]] - by_step[steps[0]]) / (steps[-1] - steps[0])
     t0 = by_step[steps[0]] - per_step * steps[0]  # the first logged step's own steps, at the mean rate
-    return {s: (t - t0) / 3600 for s, t in by_step.items()}
+    return {0: 0.0, **{s: (t - t0) / 3600 for s, t in by_step.items()}}  # step 0: the head it started from
 
 
 def run_points(run: Path, offset_hours: float = 0.0) -> list[dict]:

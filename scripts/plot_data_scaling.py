@@ -8,6 +8,8 @@
 "hours", "acceptance"}]}. ``--run LABEL=DIR@ANSWERS`` adds a run's points (every ``eval_step_*.json``
 in DIR, placed at the hours its ``log.jsonl`` records, as scripts/plot_acceptance_hours.py does)
 as the curve "LABEL, ANSWERS answers"; the merged curves are written back to ``--points``.
+``--continues "LABEL=CURVE"``: the run LABEL started from the head at the end of CURVE (a curve
+already in ``--points``), so its steps and hours are counted on from CURVE's last point.
 """
 from __future__ import annotations
 
@@ -48,17 +50,26 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--points", required=True, type=Path)
     p.add_argument("--run", action="append", default=[], help="LABEL=DIR@ANSWERS")
+    p.add_argument("--continues", action="append", default=[], help="LABEL=CURVE: run LABEL continued CURVE's head")
     p.add_argument("--batch", type=int, default=8, help="sequences a step of the --run runs")
     p.add_argument("--out", required=True, type=Path)
     args = p.parse_args(argv)
     curves = json.loads(args.points.read_text()) if args.points.exists() else {}
+    continues = dict(spec.split("=", 1) for spec in args.continues)
     for spec in args.run:
         label, _, rest = spec.partition("=")
         run, _, answers = rest.rpartition("@")
         if not (label and run and answers.isdigit()):
             raise SystemExit(f"--run must be LABEL=DIR@ANSWERS, got {spec!r}")
+        points = run_points(Path(run))
+        if label in continues:
+            if continues[label] not in curves:
+                raise SystemExit(f"--continues {label}={continues[label]}: no such curve in {args.points}")
+            last = max(curves[continues[label]]["points"], key=lambda q: q["steps"])
+            points = [{**q, "steps": q["steps"] + last["steps"], "hours": round(q["hours"] + last["hours"], 3)}
+                      for q in points]
         curves[f"{label}, {int(answers):,} answers"] = {"answers": int(answers), "batch": args.batch,
-                                                        "points": run_points(Path(run))}
+                                                        "points": points}
     args.points.write_text(json.dumps(curves, indent=1))
     print(plot(curves, args.out))
     return 0

@@ -55,7 +55,11 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, type=Path)
     args = p.parse_args(argv)
     curves = json.loads(args.points.read_text()) if args.points.exists() else {}
-    continues = dict(spec.split("=", 1) for spec in args.continues)
+    continues = dict(spec.split("=", 1) for spec in args.continues if "=" in spec)
+    run_labels = {spec.partition("=")[0] for spec in args.run}
+    bad = [spec for spec in args.continues if "=" not in spec or spec.split("=", 1)[0] not in run_labels]
+    if bad:
+        raise SystemExit(f"--continues must be LABEL=CURVE with LABEL one of the --run labels, got {bad!r}")
     for spec in args.run:
         label, _, rest = spec.partition("=")
         run, _, answers = rest.rpartition("@")

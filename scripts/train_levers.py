@@ -70,7 +70,7 @@ def elements_per_step(data, mask_id: int, args: list[str], steps: int = 12) -> f
     return total / steps
 
 
-def run_lever(name: str, phases, args, data, target, used_ids, mask_id) -> dict:
+def run_lever(name: str, phases, args, data, mask_id) -> dict:
     out = Path(args.out) / name
     out.mkdir(parents=True, exist_ok=True)
     budget_s = args.cpu_minutes * 60
@@ -150,8 +150,7 @@ def main(argv=None) -> int:
     rows = []
     for name in args.levers:
         done = Path(args.out) / name / "heldout.json"
-        rec = json.loads(done.read_text()) if done.exists() else run_lever(name, LEVERS[name], args, data, target,
-                                                                           used_ids, mask_id)
+        rec = json.loads(done.read_text()) if done.exists() else run_lever(name, LEVERS[name], args, data, mask_id)
         rows.append(rec)
         print(json.dumps({k: rec[k] for k in ("lever", "cpu_minutes", "steps", "acceptance")}), flush=True)
     base = next((r["acceptance"] for r in rows if r["lever"] == "baseline"), None)

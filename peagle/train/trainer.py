@@ -124,9 +124,9 @@ def load_weights_from(head, path: str | Path, target, kind=None) -> None:
     """Copy every weight of the saved head at ``path`` into ``head`` (same kind and shapes), or, for
     a head of another kind, let ``kind`` warm-start from it (P-EAGLE from EAGLE-3)."""
     src = from_pretrained(path, target=target).float()
-    if type(src) is not type(head) and kind is not None and kind.warm_start(head, src):
-        return
     if type(src) is not type(head):
+        if kind is not None and kind.warm_start(head, src):
+            return
         raise ValueError(f"init_from: {path} holds a {type(src).__name__}, this run trains a {type(head).__name__}")
     mine, theirs = head.state_dict(), src.state_dict()
     rows = head.embed_tokens if isinstance(head.embed_tokens, RowTrainedEmbedding) else None

@@ -1,7 +1,7 @@
 """Fused kernels for peagle, each with a PyTorch twin and a dispatcher.
 
-Imported as ``peagle.kernels`` (setuptools maps this folder there; it is never a top-level
-``kernels`` module). ``import triton`` happens only inside the ``*_triton`` modules, loaded on
+Imported as ``peagle.kernels`` (setuptools maps this folder there; peagle never imports a
+top-level ``kernels``). ``import triton`` happens only inside the ``*_triton`` modules, loaded on
 first use, and nothing here probes CUDA at import time.
 
 * ``parallel_draft_attention``: a drafter pass's new queries over a ragged KV cache plus
@@ -12,10 +12,21 @@ first use, and nothing here probes CUDA at import time.
 Every entry point takes ``impl="auto" | "torch" | "triton"``; ``PEAGLE_KERNELS=torch|triton``
 overrides ``auto`` (see ``peagle.kernels.dispatch``). docs/kernels.md has the math and limits.
 """
-from .dispatch import resolve_impl
-from .parallel_draft_attention import parallel_draft_attention, parallel_draft_attention_torch
-from .results import TreeVerifyResult
-from .tree_verify import tree_depths, tree_verify, tree_verify_torch
+import sys
+
+from ._hand_over import load_installed_kernels
+
+# When the repository root is on sys.path (``python -m`` or a notebook started there) this folder
+# shadows Hugging Face's ``kernels`` package, which transformers >= 5.25 imports: hand the name over
+# to that package when it is installed. peagle itself only ever imports ``peagle.kernels``.
+_installed = load_installed_kernels(__file__) if __name__ == "kernels" else None
+if _installed is not None:
+    sys.modules[__name__] = _installed
+else:
+    from .dispatch import resolve_impl
+    from .parallel_draft_attention import parallel_draft_attention, parallel_draft_attention_torch
+    from .results import TreeVerifyResult
+    from .tree_verify import tree_depths, tree_verify, tree_verify_torch
 
 __all__ = [
     "TreeVerifyResult",

@@ -22,6 +22,7 @@ from ._hand_over import load_installed_kernels
 _installed = load_installed_kernels(__file__) if __name__ == "kernels" else None
 if _installed is not None:
     sys.modules[__name__] = _installed
+    sys.modules.pop(f"{__name__}._hand_over", None)  # not a submodule of the package now named so
 else:
     from .dispatch import resolve_impl
     from .parallel_draft_attention import parallel_draft_attention, parallel_draft_attention_torch

@@ -175,6 +175,13 @@ def test_exclude_prompts_reads_shards_of_a_plain_or_gzipped_list(tmp_path):
         train_main(["data", "--out", str(tmp_path / "d"), "--exclude-prompts", str(tmp_path / "missing.jsonl")])
 
 
+def test_exclude_prompts_covers_every_conversation_a_stitched_prompt_names(tmp_path):
+    from peagle.train.data import excluded_ids
+
+    (tmp_path / "long.jsonl").write_text(json.dumps({"id": "long/a+b", "conversations": ["sharegpt/a", "sharegpt/b"]}) + "\n")
+    assert excluded_ids(str(tmp_path / "long.jsonl")) == {"long/a+b", "sharegpt/a", "sharegpt/b"}
+
+
 def _fake_vllm(monkeypatch, exit_after: int = -1):
     import sys
 

@@ -184,6 +184,8 @@ def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
                    help="rms: train fc in standardised aux units (folded into the saved weights); none (default)")
     p.add_argument("--max-len", type=int, default=d.max_len)
     p.add_argument("--shards", default=d.shards, type=shard_spec, help="train on these data shards only, e.g. 0-11 (default: all)")
+    p.add_argument("--rows", default=d.rows, help="a row file (scripts/unseen_rows.py): train only on the (shard, row) "
+                                                "pairs it lists, e.g. the answers earlier stages never drew")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per global batch")
     p.add_argument("--micro-batch-tokens", type=int, default=d.micro_batch_tokens)
     p.add_argument("--epochs", type=float, default=d.epochs)

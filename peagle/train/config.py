@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from . import kinds as train_kinds
+from .rows import read_row_file
 from .shards import parse_shards
 
 
@@ -31,6 +32,7 @@ class TrainConfig:
     draft_vocab_size: int = 8192  # N
     max_len: int = 1024  # sequences are cut to this many tokens
     shards: str | None = None  # data shards to train on ("0-11"; None = all): keep others held out
+    rows: str | None = None  # a row file (peagle.train.rows): only the (shard, row) pairs it lists
     batch_size: int = 16  # sequences per global batch (all processes together)
     micro_batch_tokens: int = 4096  # tokens packed into one forward per process
     epochs: float = 1.0
@@ -72,6 +74,8 @@ class TrainConfig:
             raise ValueError(f"features must be 'cache' or 'online', got {self.features!r}")
         if self.shards is not None:
             parse_shards(self.shards)  # raises on a malformed spec before any work starts
+        if self.rows is not None:
+            read_row_file(self.rows)  # likewise for a missing or malformed row file
         if self.mixed_precision not in ("auto", "no", "bf16"):
             raise ValueError(f"mixed_precision must be 'auto', 'no' or 'bf16', got {self.mixed_precision!r}")
         for name in ("draft_vocab_size", "max_len", "batch_size", "micro_batch_tokens", "checkpoint_every",

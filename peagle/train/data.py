@@ -73,7 +73,8 @@ def excluded_ids(spec: str) -> set[str]:
     """Prompt ids (and conversation ids) to keep out of new data: ``PROMPTS.jsonl[:SHARDS:SIZE]``.
 
     With ``:18-19:128`` only the prompts of those shards of that file count (shard i = lines
-    [i*SIZE, (i+1)*SIZE)). A ShareGPT id ``sharegpt/C`` also excludes every turn ``sharegpt/C/j``.
+    [i*SIZE, (i+1)*SIZE)). A ShareGPT id ``sharegpt/C`` also excludes every turn ``sharegpt/C/j``,
+    and so does a record listing ``sharegpt/C`` in its ``conversations`` (a prompt stitched from several).
     """
     path, _, rest = spec.partition(":")
     lines = _read_jsonl(Path(path))
@@ -83,7 +84,7 @@ def excluded_ids(spec: str) -> set[str]:
             raise ValueError(f"exclude_prompts: expected PATH:SHARDS:SIZE, got {spec!r}")
         keep = parse_shards(shards) or set()
         lines = [p for i, p in enumerate(lines) if i // int(size) in keep]
-    return {p["id"] for p in lines}
+    return {p["id"] for p in lines} | {c for p in lines for c in p.get("conversations", ())}
 
 
 def _write_json(path: Path, obj) -> None:

@@ -39,7 +39,7 @@ from .forward import Features, StepStats
 from .memory import rss_mb
 from .plan import pack
 from .precondition import aux_rms, load_raw_state, precondition_fc, raw_state
-from .shards import parse_shards, read_rows, shard_dir, shard_metadata
+from .rows import global_batch, read_row_file, training_rows
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -47,16 +47,12 @@ class TrainSet:
     """Sequences of a data directory (cut to max_len) and their features."""
 
     def __init__(self, data_dir: str | Path, max_len: int, target, used_ids: torch.Tensor, features: str,
-                 shards: str | None = None):
-        self.rows: list[tuple[int, int, list[int], int]] = []  # (shard, row, ids, prompt_len)
-        for m in shard_metadata(data_dir, parse_shards(shards)):
-            rows = read_rows(shard_dir(data_dir, m["shard"]))
-            for r, (ids, p) in enumerate(zip(rows["input_ids"], rows["prompt_len"])):
-                ids = list(ids)[:max_len]
-                if len(ids) - p >= 2:  # at least one supervised position
-                    self.rows.append((m["shard"], r, ids, int(p)))
+                 shards: str | None = None, rows: str | None = None):
+        keep = read_row_file(rows) if rows else None  # a row file (peagle.train.rows) narrows the shards
+        self.rows = training_rows(data_dir, max_len, shards, keep)  # (shard, row, ids, prompt_len)
         if not self.rows:
             where = f" in shards {shards!r}" if shards else ""
+            where += f" among the rows of {rows}" if rows else ""
             raise ValueError(f"{data_dir} holds no usable sequence{where} (complete shards with answers)")
         self.target = target
         self.max_len = max_len
@@ -90,16 +86,6 @@ def sample_aux_rms(data: TrainSet, max_sequences: int = 64) -> torch.Tensor:
     idx = list(range(0, len(data), max(1, len(data) // max_sequences)))[:max_sequences]
     packed, feats = data.batch(idx, "cpu")
     return aux_rms(feats.aux, packed.doc_start)
-
-
-def global_batch(step: int, n: int, batch_size: int, seed: int) -> list[int]:
-    """Sequence indices of global step ``step``: epochs of seeded permutations, read in order."""
-    out = []
-    for k in range(step * batch_size, (step + 1) * batch_size):
-        epoch, i = divmod(k, n)
-        g = torch.Generator().manual_seed(seed * 100003 + epoch)
-        out.append(int(torch.randperm(n, generator=g)[i]))
-    return out
 
 
 def micro_batches(indices: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -309,7 +295,7 @@ def train(cfg: TrainConfig, target=None) -> Path:
     kind = train_kinds.get(cfg.kind)
     kind.prepare_target(cfg, target)  # e.g. the target layers the head reads, before the features load
     used_ids = kind.train_vocab(cfg, target)
-    data = TrainSet(cfg.data, cfg.max_len, target, used_ids, cfg.features, cfg.shards)
+    data = TrainSet(cfg.data, cfg.max_len, target, used_ids, cfg.features, cfg.shards, cfg.rows)
     lengths = [len(r[2]) for r in data.rows]
     steps_per_epoch = math.ceil(len(data) / cfg.batch_size)
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))

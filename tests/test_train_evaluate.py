@@ -81,6 +81,25 @@ def test_offline_acceptance_equals_the_drafters_own(trained, kind, monkeypatch):
         == {k: (len(v), 1.0 + sum(v) / len(v)) for k, v in bins.items()}
 
 
+@pytest.mark.parametrize("kind", ["peagle", "eagle3"])
+def test_online_features_evaluate_like_the_cache(trained, kind, tmp_path):
+    import shutil
+
+    root, target, heads = trained
+    bare = tmp_path / "data"  # the same answers without a feature cache
+    shutil.copytree(root / "data", bare, ignore=shutil.ignore_patterns("features"))
+    cached, online = (evaluate_head(from_pretrained(heads[kind] / "final", target=target), target, data,
+                                    shards="2", draft_k=K, show_progress=False, features=f)
+                      for data, f in ((root / "data", "cache"), (bare, "online")))
+    assert online.anchors == cached.anchors > 0 and online.acceptance_length > 1.0
+    # The cache holds bf16 features; online ones are the target's own dtype: agreement may move by a near-tie.
+    assert online.acceptance_length == pytest.approx(cached.acceptance_length, abs=0.05)
+    assert online.kl_by_depth == pytest.approx(cached.kl_by_depth, rel=0.05)
+    with pytest.raises(ValueError, match="features must be 'cache' or 'online'"):
+        evaluate_head(from_pretrained(heads[kind] / "final", target=target), target, root / "data", shards="2",
+                      features="disk", show_progress=False)
+
+
 def test_training_reads_only_the_named_shards_and_the_cli_writes_json(trained):
     root, target, heads = trained
     state = json.loads((heads["peagle"] / "final" / "trainer_state.json").read_text())

@@ -219,7 +219,9 @@ def _run_train(args, kind: str) -> int:
 
 def _add_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", nargs="+", required=True, help="saved heads (OUT/final, an exported folder)")
-    p.add_argument("--data", required=True, help="data directory with cached features")
+    p.add_argument("--data", required=True, help="data directory (with cached features unless --features online)")
+    p.add_argument("--features", default="cache", choices=["cache", "online"],
+                   help="cache (default): DATA/features from `peagle train features`; online: a target pass per micro-batch")
     p.add_argument("--shards", default=None, type=shard_spec, help="shards to evaluate on, e.g. 12-13 (held out from training)")
     p.add_argument("--draft-k", type=int, default=None, help="depths (default: P-EAGLE's trained depth, 7 for EAGLE-3)")
     p.add_argument("--target", default="default")

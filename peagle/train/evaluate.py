@@ -62,8 +62,12 @@ class HeldOutResult:
 
 def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None, draft_k: int | None = None,
                   max_len: int = 1024, micro_batch_tokens: int = 4096, max_sequences: int | None = None,
-                  show_progress: bool = True, head_name: str = "", eval_options: dict | None = None) -> HeldOutResult:
-    """Evaluate ``head`` (a trained head of a trainable kind) on the cached features of ``data_dir``.
+                  show_progress: bool = True, head_name: str = "", eval_options: dict | None = None,
+                  features: str = "cache") -> HeldOutResult:
+    """Evaluate ``head`` (a trained head of a trainable kind) on the answers of ``data_dir``.
+
+    features: "cache" reads ``DATA/features`` (``peagle train features``); "online" runs the target
+    over each micro-batch instead (no cache on disk; one target pass per head evaluated).
 
     draft_k: depths evaluated (default: the kind's, P-EAGLE's trained depth, 7 for EAGLE-3); must be
     in [1, max_draft_k]. Every chain is kept at every depth (no COD sampling).
@@ -87,11 +91,13 @@ def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None,
     unknown = set(eval_options) - set(kind.eval_options)
     if unknown:
         raise ValueError(f"eval_options {sorted(unknown)} do not apply to {kind.name} heads")
+    if features not in ("cache", "online"):
+        raise ValueError(f"features must be 'cache' or 'online', got {features!r}")
     used_ids = kind.eval_vocab(head, target)
-    data = TrainSet(data_dir, max_len, target, used_ids, "cache", shards)
+    head.bind(target)  # the target's embedding table (EAGLE-3, compact P-EAGLE heads) and the aux layers it reads
+    data = TrainSet(data_dir, max_len, target, used_ids, features, shards)
     order = list(range(len(data)))[: max_sequences or None]
     lengths = [len(r[2]) for r in data.rows]
-    head.bind(target)  # the target's embedding table (EAGLE-3, compact P-EAGLE heads)
     head = head.float().eval()
     stats = StepStats(keep_elements=True)
     answer_tokens = 0
@@ -159,7 +165,8 @@ def run_cli(args) -> int:
         head = from_pretrained(path, target=target)
         options = {"anchor_stride": args.anchor_stride} if getattr(args, "anchor_stride", 1) != 1 else {}
         res = evaluate_head(head, target, args.data, args.shards, args.draft_k, args.max_len,
-                            max_sequences=args.max_sequences, head_name=str(path), eval_options=options)
+                            max_sequences=args.max_sequences, head_name=str(path), eval_options=options,
+                            features=args.features)
         print(f"\n{path} ({res.kind}, {res.sequences} sequences, {res.answer_tokens} answer tokens)\n{res.table()}")
         results.append(asdict(res))
     if args.out:

@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from peagle.train.config import TrainConfig
-from peagle.train.rows import (drawn_rows, global_batch, read_row_file, training_rows, unseen_rows,
-                               write_row_file)
+from peagle.train.rows import drawn_rows, global_batch, read_row_file, training_rows, unseen_rows, write_row_file
 from peagle.train.shards import save_shard
 
 

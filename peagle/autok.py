@@ -231,20 +231,26 @@ class DraftKPolicy:
             self.accepted.mul_(self.decay)
         counts = [min(max(n, 0), draft_k) for n in cycle.accepted_counts()]
         for row, accepted in zip(cycle.rows if cycle.rows is not None else [], counts):
-            if draft_k == 0:  # nothing drafted: the span (if any) is unknowable, drop it
-                self._open.pop(row, None)
+            if draft_k == 0:
+                # Nothing drafted: an open span ends here unfinished. Keep it at its length so far (a
+                # lower bound): dropping it would keep only the probes that missed, and a policy
+                # decoding plainly would read its drafter as worse than it is and never return.
+                if row in self._open:
+                    self._record_span(row, self._open.pop(row))
             elif accepted == draft_k:  # all accepted: the span goes on into the next cycle
                 self._open[row] = self._open.get(row, 0) + accepted + 1
             else:
-                span = self._open.pop(row, 0) + accepted + 1
-                self._spans.append(span)
-                self._row_spans[row].append(span)
+                self._record_span(row, self._open.pop(row, 0) + accepted + 1)
         if draft_k > 0:
             n = torch.tensor(counts, dtype=torch.long)  # [B]
             j = torch.arange(1, draft_k + 1)
             # Draft j was judged when drafts 1..j-1 were all accepted, i.e. n >= j - 1.
             self.tested[:draft_k] += (n[:, None] >= j - 1).sum(0).double()
             self.accepted[:draft_k] += (n[:, None] >= j).sum(0).double()
+
+    def _record_span(self, row, span: int) -> None:
+        self._spans.append(span)
+        self._row_spans[row].append(span)
 
     def start(self) -> None:
         """A new generate() call: rows are new, open spans end unrecorded."""

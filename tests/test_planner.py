@@ -179,17 +179,18 @@ def run_tree(spec, choose, observe):
             rows.new_call()
 
 
-# -- what the policies chose before the refactor, and since the back-off (see the module docstring) --
+# -- what the policies chose before the refactor, since the back-off (see the module docstring), and since a
+#    plain cycle keeps an interrupted span at its length so far --
 EXPECTED_DRAFT_K = {
     "sequential_b1": (
         "4 8 1 0 1 2 2 2 4 2 2 2 1 2 2 2 3 2 2 2 1 2 2 2 5 3 3 3 1 3 3 0 4 3 3 3 2 3 3 3 5 3 3 3 1 3 3 3 "
-        "4 3 3 3 2 3 3 3 5 3 3 3 1 3 3 0 4 3 3 3 1 2 2 2 4 2 2 2 1 2 2 2 3 2 2 2 1 2 2 2 4 2 2 2 1 2 2 0 "
-        "3 2 2 2 1 2 2 2 4 2 2 2 1 2 2 2 3 2 2 2 1 2 2 2 4 2 2 2 1 3 3 0 4 3 3 3 1 2 2 2 5 3 3 3 1 3 3 3 "
-        "4 3 3 3 2 3 3 3 5 3 3 3 1 3 3 0 4 3 3 3 2 3 3 3 4 2 2 2 1 3 3 3 4 3 3 3 2 3 3 3 5 3 3 3 1 3 3 0 "
-        "4 3 3 3 2 3 3 3 4 2 2 2 1 2 2 2 3 2 2 2 1 2 2 2 4 2 2"),
+        "4 3 3 3 2 3 3 3 5 3 3 3 1 3 3 0 3 2 2 2 2 3 3 3 5 3 3 3 1 3 3 3 4 3 3 3 1 2 2 2 4 2 2 2 1 3 3 0 "
+        "4 3 3 3 2 3 3 3 5 3 3 3 1 3 3 3 4 3 3 3 1 2 2 2 4 2 2 2 1 2 2 0 3 2 2 2 1 2 2 2 4 2 2 2 1 2 2 2 "
+        "3 2 2 2 2 3 3 3 5 3 3 3 1 3 3 0 4 3 3 3 2 3 3 3 5 3 3 3 1 3 3 3 3 2 2 2 2 3 3 3 5 3 3 3 1 2 2 0 "
+        "3 2 2 2 1 2 2 2 4 2 2 2 1 3 3 3 4 3 3 3 2 3 3 3"),
     "parallel_shrinking": (
-        "4 8 1 0 8 9 9 9 7 5 5 5 7 9 9 5 6 5 5 5 3 4 4 4 8 6 6 6 2 4 4 0 5 4 4 4 3 4 9 9 7 5 5 5 3 5 5 5 "
-        "6 5 5 5 4 5 5 5 7 4 4 4 2 4 4 0 5 4 4 4 3 4 4 5 10 8 8 8 3 5 5 5 6 5 5 5 4 5 5 5 7 5 5 5 2 4 4 0 "
+        "4 8 1 0 8 9 9 9 7 5 5 5 7 9 9 5 6 5 5 5 3 4 4 4 8 6 6 6 2 4 4 0 5 4 4 4 3 4 9 9 9 7 7 7 3 5 5 5 "
+        "6 5 5 5 4 5 5 5 6 4 4 4 2 4 4 0 5 4 4 4 3 4 4 5 10 8 8 8 3 5 5 5 6 5 5 5 4 5 5 5 7 5 5 5 2 4 4 0 "
         "5 4 4 4 3 4 4 4 6 4 4 4 2 4 4 4 5 4 4"),
     "useless": (
         "4 8 1 0 0 0 0 0 1 0 0 0 0 0 0 0 1 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 1 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 "
@@ -318,3 +319,13 @@ def test_cost_model_line_fit_and_warm_up():
     costs.record(0, 1, 0.0, 0.02, 0.03)
     assert costs.cycle_time(1, 4)[0].item() == pytest.approx(0.03)  # the measured plain step
     assert costs.cycle_time(7, 4).tolist() == costs.cycle_time(1, 4).tolist()  # nearest batch size
+
+
+def test_a_plain_cycle_keeps_the_span_it_interrupts_at_its_length_so_far():
+    """A probe whose draft was accepted, then a plain cycle: the span (at least 2 tokens) counts.
+    Dropping it would keep only the probes that missed (spans of 1), and a policy decoding plainly
+    would read its drafter as never right."""
+    policy = DraftKPolicy(max_k=4)
+    for k, accepted in ((1, [1]), (0, [0]), (1, [0]), (0, [0]), (2, [2]), (2, [1])):
+        policy.observe(_cycle(CyclePlan(k), [0], 0.001, 0.05, 0.051, accepted))
+    assert list(policy._spans) == [2, 1, 5]  # 2: kept at its lower bound; 1: a miss; 3 + 2: two drafting cycles

@@ -22,19 +22,15 @@ import random
 import torch
 
 from peagle.embedded import load_target
-from peagle.train.data import GenerationSettings, _encode, excluded_ids, regenerate
-from peagle.train.prompts import EvalFilter, sharegpt_followups
+from peagle.train.data import GenerationSettings, encode_prompt, excluded_ids, regenerate
+from peagle.train.prompts import EvalFilter, conversation_id, sharegpt_followups
 
 DEFAULT_EXCLUDE = ("data/smollm2-v2/prompts.jsonl.gz", "data/embedded-regenerated/prompts.jsonl")
 
 
-def conversation_id(prompt_id: str) -> str:
-    return "/".join(prompt_id.split("/")[:2])
-
-
 def long_prompts(target, num: int, min_tokens: int, max_tokens: int, exclude: set[str], seed: int) -> list[dict]:
     """``num`` long conversations, each a later ShareGPT turn with its conversation so far, preceded by
-    whole earlier ShareGPT conversations (a chat session that moves between topics) until the
+    whole earlier ShareGPT conversations (a chat that moves between topics) until the
     templated prompt has min_tokens..max_tokens tokens; no conversation is used twice.
 
     ShareGPT as packaged here has no single conversation past ~13k characters (~3k tokens), so
@@ -54,11 +50,11 @@ def long_prompts(target, num: int, min_tokens: int, max_tokens: int, exclude: se
     while pool and len(chosen) < num:
         last = pool.pop()
         messages, ids = list(last["messages"]), [conversation_id(last["id"])]
-        while pool and len(_encode(target, {"messages": messages})) < min_tokens:
+        while pool and len(encode_prompt(target, {"messages": messages})) < min_tokens:
             earlier = pool.pop()
             messages = earlier["messages"][:-1] + messages  # a whole exchange, ending with an answer
             ids.insert(0, conversation_id(earlier["id"]))
-        n = len(_encode(target, {"messages": messages}))
+        n = len(encode_prompt(target, {"messages": messages}))
         if min_tokens <= n <= max_tokens:
             chosen.append({"id": "long/" + "+".join(ids), "source": "sharegpt_stitched", "conversations": ids,
                            "text": messages[-1]["content"], "messages": messages})

@@ -184,7 +184,7 @@ def _dtype_name(target: Target) -> str:
     return str(target.dtype).removeprefix("torch.")
 
 
-def _encode(target: Target, prompt: dict) -> list[int]:
+def encode_prompt(target: Target, prompt: dict) -> list[int]:
     """A prompt record -> chat-templated ids. Records carry ready "input_ids", a "text" (one user
     turn) or "messages" (a conversation so far, ending with the user turn to answer)."""
     if "input_ids" in prompt:
@@ -255,7 +255,7 @@ def generate_shard(target: Target, out: Path, index: int, prompts: list[dict], s
     """
     t0 = time.perf_counter()
     eos = target.eos_token_ids
-    encoded = [(p, _encode(target, p)) for p in prompts]
+    encoded = [(p, encode_prompt(target, p)) for p in prompts]
     skipped = [p["id"] for p, ids in encoded if len(ids) > settings.max_prompt_tokens]
     encoded = [(p, ids) for p, ids in encoded if len(ids) <= settings.max_prompt_tokens]
     journal = shard_dir(out, index).with_name(f"{index:05d}.partial")

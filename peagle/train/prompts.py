@@ -128,6 +128,11 @@ def sharegpt_prompts(limit: int | None = None, min_chars: int = 16, max_chars: i
     return out
 
 
+def conversation_id(prompt_id: str) -> str:
+    """``sharegpt/C/j`` (turn j of conversation C) -> ``sharegpt/C``."""
+    return "/".join(prompt_id.split("/")[:2])
+
+
 def sharegpt_followups(limit: int | None = None, min_chars: int = 16, max_chars: int = 2000,
                        max_context_chars: int = 9000, ascii_fraction: float = 0.9) -> list[dict]:
     """Later human turns of ShareGPT conversations, each with the conversation so far as
@@ -223,7 +228,7 @@ def build_prompts(num_prompts: int, code_fraction: float = 0.35, seed: int = 0,
     keep = EvalFilter()
 
     def usable(p: dict) -> bool:  # a follow-up turn "sharegpt/C/j" is excluded with its conversation "sharegpt/C"
-        conversation = "/".join(p["id"].split("/")[:2]) if p["source"] == "sharegpt_turns" else p["id"]
+        conversation = conversation_id(p["id"]) if p["source"] == "sharegpt_turns" else p["id"]
         texts = [m["content"] for m in p.get("messages", []) if m["role"] == "user"] or [p["text"]]
         return p["id"] not in exclude_ids and conversation not in exclude_ids and all(map(keep, texts))
 

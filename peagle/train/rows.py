@@ -37,13 +37,17 @@ def training_rows(data_dir: str | Path, max_len: int, shards: str | None = None,
     return out
 
 
+def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """[n] the order in which epoch ``epoch`` of a run with ``seed`` reads its n sequences."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100003 + epoch))
+
+
 def global_batch(step: int, n: int, batch_size: int, seed: int) -> list[int]:
     """Sequence indices of global step ``step``: epochs of seeded permutations, read in order."""
     out = []
     for k in range(step * batch_size, (step + 1) * batch_size):
         epoch, i = divmod(k, n)
-        g = torch.Generator().manual_seed(seed * 100003 + epoch)
-        out.append(int(torch.randperm(n, generator=g)[i]))
+        out.append(int(epoch_order(n, seed, epoch)[i]))
     return out
 
 
@@ -58,8 +62,7 @@ def drawn_rows(data_dir: str | Path, shards: str | None, max_len: int, batch_siz
     n, drawn = len(rows), set()
     for k0 in range(0, steps * batch_size, n):  # one permutation per epoch, not one per step
         epoch, count = k0 // n, min(n, steps * batch_size - k0)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100003 + epoch))[:count]
-        drawn.update(rows[i][:2] for i in perm.tolist())
+        drawn.update(rows[i][:2] for i in epoch_order(n, seed, epoch)[:count].tolist())
     return drawn
 
 

@@ -82,10 +82,11 @@ def load_target_by_name(name: str, dtype: str | torch.dtype = "bfloat16", device
     "default" (or "embedded", "smollm2") -> the embedded SmolLM2 (:func:`peagle.load_target`); an HF
     id or model directory -> :meth:`peagle.Target.from_pretrained`; a bare model directory without
     tokenizer files (tests' tiny targets) -> the model alone (token-id prompts only). ``dtype`` (a
-    torch dtype, a name, or "auto" where the loaders accept it) is passed on as given.
+    torch dtype, a name, or "auto" where the loaders accept it) is passed on as given. torch's thread
+    count is left as the caller set it (the commands apply their ``--threads`` first).
     """
     if name in ("default", "embedded", "smollm2"):
-        return load_target(dtype=dtype, device=device)
+        return load_target(dtype=dtype, device=device, threads=None)
     path = Path(name)
     if path.is_dir() and (path / "config.json").exists() and not any(
             (path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):

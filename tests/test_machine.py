@@ -88,6 +88,21 @@ def test_threads_default():
         machine.apply_threads(-1)
 
 
+def test_commands_keep_their_threads_when_loading_the_default_target():
+    """`peagle train ... --threads 2` applies its count before loading the target by name; loading
+    must not put the machine's default back (it did: two requested threads ran as one)."""
+    from peagle.embedded import load_target_by_name
+
+    before = torch.get_num_threads()
+    wanted = 3 if before != 3 else 2
+    try:
+        torch.set_num_threads(wanted)
+        load_target_by_name("default", "float32")
+        assert torch.get_num_threads() == wanted
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_parse_dtype():
     assert machine.parse_dtype("bf16") is torch.bfloat16 and machine.parse_dtype(torch.float32) is torch.float32
     assert machine.parse_dtype("auto") == "auto" and machine.parse_dtype(None) == "auto"

@@ -44,10 +44,12 @@ def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
 
 def global_batch(step: int, n: int, batch_size: int, seed: int) -> list[int]:
     """Sequence indices of global step ``step``: epochs of seeded permutations, read in order."""
-    out = []
+    out, orders = [], {}  # a batch spans at most two epochs: one permutation each
     for k in range(step * batch_size, (step + 1) * batch_size):
         epoch, i = divmod(k, n)
-        out.append(int(epoch_order(n, seed, epoch)[i]))
+        if epoch not in orders:
+            orders[epoch] = epoch_order(n, seed, epoch)
+        out.append(int(orders[epoch][i]))
     return out
 
 

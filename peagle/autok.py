@@ -18,7 +18,9 @@ the nearest measured batch size, one vote per k; warm-up cycles not timed). Span
 model misjudges bursty drafters such as n-gram copying); a_j are decayed counts with a prior
 (deeper positions shrink toward the position before them). k = 0 (a plain decoding cycle) is
 allowed: a drafter that is never right costs nothing, and at a batch size where verifying k + 1
-tokens per row costs more than the drafts earn, the policy decodes plainly. Every ``probe_every``
+tokens per row costs more than the drafts earn, the policy decodes plainly. ``plain_margin`` (off
+by default) makes drafting beat plain decoding by a margin before it is chosen
+(``peagle.costmodel.best_with_plain_margin`` says what that trades). Every ``probe_every``
 cycles one cycle drafts one or two tokens deeper or shallower than the choice, so the local slope of
 the costs and the acceptance around the choice stay measured (near the optimum such a probe costs
 next to nothing); every ``plain_every`` cycles one cycle is a plain step, which keeps V(1) measured.
@@ -52,7 +54,7 @@ from collections import defaultdict, deque
 
 import torch
 
-from .costmodel import CostModel, PlainProbes
+from .costmodel import CostModel, PlainProbes, best_with_plain_margin
 from .planner import BatchInfo, CyclePlan
 
 
@@ -80,11 +82,15 @@ class DraftKPolicy:
         slowest_row: rate a batch by the row that needs the most cycles to finish (its own spans in
             this call; the default) rather than by the pooled mean row (False); see the module docstring.
         row_prior: weight, in spans, of the pooled spans in each row's own E_b(k).
+        plain_margin: drafting is chosen only when its predicted rate beats plain decoding's by
+            this fraction (``peagle.costmodel.best_with_plain_margin``); 0 (the default) takes the
+            bare argmax.
     """
 
     def __init__(self, max_k: int = 16, min_k: int = 0, window: int = 48, decay: float = 0.99,
                  prior: tuple[float, float] = (1.0, 1.0), probe_every: int = 4, spans: int = 512,
-                 plain_every: int = 32, slowest_row: bool = True, row_prior: float = 8.0):
+                 plain_every: int = 32, slowest_row: bool = True, row_prior: float = 8.0,
+                 plain_margin: float = 0.0):
         if not 0 <= min_k <= max_k or max_k < 1:
             raise ValueError(f"need 0 <= min_k <= max_k and max_k >= 1, got min_k={min_k}, max_k={max_k}")
         if not 0.0 < decay <= 1.0:
@@ -97,6 +103,9 @@ class DraftKPolicy:
         self.prior, self.probe_every, self.plain_every = prior, probe_every, plain_every
         if row_prior <= 0:
             raise ValueError(f"row_prior must be > 0, got {row_prior}")
+        if not 0.0 <= plain_margin < 1.0:
+            raise ValueError(f"plain_margin must be in [0, 1), got {plain_margin}")
+        self.plain_margin = plain_margin
         self.slowest_row, self.row_prior = slowest_row, row_prior
         self.tested = torch.zeros(max_k, dtype=torch.float64)  # [max_k] rows that reached draft j
         self.accepted = torch.zeros(max_k, dtype=torch.float64)  # [max_k] rows that accepted draft j
@@ -172,7 +181,8 @@ class DraftKPolicy:
         return self.costs.cycle_time(batch_size, self.max_k)
 
     def best_k(self, batch_size: int, remaining: dict | None = None) -> int:
-        """argmax_k E(k) / T(k) over [min_k, max_k]; max_k before costs are known.
+        """argmax_k E(k) / T(k) over [min_k, max_k] (k > 0 only when it beats k = 0 by
+        ``plain_margin``); max_k before costs are known.
 
         With ``slowest_row`` and ``remaining`` (row -> tokens it may still emit) the batch's
         finishing rate instead: 1 / (T(k) * max_b r_b / E_b(k)), so the row that needs the most
@@ -193,7 +203,7 @@ class DraftKPolicy:
             # Few drafts judged yet: E(k) past the deepest position ever judged is the prior alone,
             # so plan at most one position deeper (probes go further).
             rate[int((self.tested > 0).sum()) + 2:] = -1.0
-        return int(rate.argmax())
+        return best_with_plain_margin(rate, self.plain_margin)
 
     # -- the Planner protocol ----------------------------------------------------------
     def choose(self, batch: BatchInfo) -> CyclePlan:

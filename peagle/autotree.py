@@ -37,7 +37,7 @@ from collections import deque
 
 import torch
 
-from .costmodel import CostModel, PlainProbes
+from .costmodel import CostModel, PlainProbes, best_with_plain_margin
 from .planner import BatchInfo, CyclePlan
 from .tree import TreeConfig
 
@@ -60,10 +60,12 @@ class TreeSizePolicy:
         records: recent cycles kept for E(n).
         probe_every: every this many cycles, verify a bigger tree than the choice.
         plain_every: every this many cycles, one plain step (keeps T(0) measured).
+        plain_margin: a tree is chosen only when its predicted rate beats plain decoding's by this
+            fraction (``peagle.costmodel.best_with_plain_margin``); 0 takes the bare argmax.
     """
 
     def __init__(self, config: TreeConfig | None = None, window: int = 48, records: int = 256,
-                 probe_every: int = 4, plain_every: int = 32):
+                 probe_every: int = 4, plain_every: int = 32, plain_margin: float = 0.0):
         config = config or TreeConfig("dynamic", num_nodes="auto")
         if not isinstance(config, TreeConfig):
             raise ValueError(f"config must be a peagle.TreeConfig, got {config!r}")
@@ -73,6 +75,9 @@ class TreeSizePolicy:
             raise ValueError(f"probe_every and plain_every must be >= 2, got {probe_every}, {plain_every}")
         if window < 1 or records < 1:
             raise ValueError(f"window and records must be >= 1, got {window}, {records}")
+        if not 0.0 <= plain_margin < 1.0:
+            raise ValueError(f"plain_margin must be in [0, 1), got {plain_margin}")
+        self.plain_margin = plain_margin
         self.config, self.max_nodes = config, config.max_nodes
         self.probe_every, self.plain_every = probe_every, plain_every
         # E(n) from the last `records` tree cycles, kept as running sums (the policy runs every cycle)
@@ -116,13 +121,14 @@ class TreeSizePolicy:
         return self.costs.cycle_time(batch_size, self.max_nodes)
 
     def best_nodes(self, batch_size: int, *, min_nodes: int = 0) -> int:
-        """argmax_n E(n) / T(n) over budgets with a measured E(n) (>= min_nodes)."""
+        """argmax_n E(n) / T(n) over budgets with a measured E(n) (>= min_nodes); a tree only when
+        it beats a plain step by ``plain_margin``."""
         t = self.cycle_time(batch_size)
         if t is None:
             return self.max_nodes
         rate = (self.expected_tokens() / t).nan_to_num(nan=-1.0)
         rate[:min_nodes] = -1.0
-        return int(rate.argmax())
+        return best_with_plain_margin(rate, self.plain_margin)
 
     # -- the Planner protocol ----------------------------------------------------------
     def choose(self, batch: BatchInfo) -> CyclePlan:

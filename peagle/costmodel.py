@@ -150,6 +150,22 @@ class CostModel:
         return t.clamp_min(1e-9)
 
 
+def best_with_plain_margin(rate: torch.Tensor, margin: float) -> int:
+    """argmax_x rate[x], except that drafting (x > 0) must beat plain decoding (x = 0) by ``margin``.
+
+    Near break-even the two predicted rates are within their own noise (a plain step read off a
+    handful of recent samples moves by 10%), and a drafting choice there costs more than the
+    prediction says: it brings probes deeper than the choice and restarts the plain probes'
+    back-off. A margin trades that away against heads whose gain only shows at deeper drafts,
+    which a margin can hide behind k = 1 probes that fall short of it (``scripts/simulate_autok.py
+    --plain-margin``, docs/benchmarks.md), so the policies default to none.
+    rate: [max_x + 1], -1 where x is not allowed."""
+    best = int(rate.argmax())
+    if best > 0 and rate[0] > 0 and rate[best] < rate[0] * (1.0 + margin):
+        return 0
+    return best
+
+
 class PlainProbes:
     """When a planner whose choice is plain decoding tries drafting again: each such probe costs
     more than it earns, so after the first (``first`` cycles on) they come 2, 4, 8, 16, 16, ...

@@ -154,6 +154,30 @@ def test_a_measured_plain_step_beats_the_extrapolated_one():
     assert measured.cycle_time(8)[0].item() == pytest.approx(0.11)
 
 
+@pytest.mark.parametrize("gain, drafts", [(0.01, False), (0.06, True)])
+def test_drafting_must_beat_plain_decoding_by_the_margin(gain, drafts):
+    # A plain step costs 100 ms; a k = 1 cycle costs 150 ms and emits 1.5 * (1 + gain) tokens: a
+    # predicted gain of `gain` over plain decoding. With a 2% margin 1% stays plain (and drafts with
+    # no margin, the default); 6% drafts either way.
+    a1 = 1.5 * (1 + gain) - 1
+
+    def fed(**options):
+        policy = DraftKPolicy(max_k=1, **options)
+        for i in range(400):  # accepted drafts in the proportion a1, spread evenly
+            hit = int((i + 1) * a1) > int(i * a1)
+            observe(policy, 1, 1, 0.01, 0.14, [1 if hit else 0], rows=[0])
+        _feed(policy, 0, lambda k: 0.0, lambda k: 0.10, lambda k: 0, times=4)
+        return policy
+
+    policy = fed()
+    rate = policy.expected_tokens() / policy.cycle_time(1)
+    assert (rate[1] / rate[0]).item() == pytest.approx(1 + gain, abs=0.004)  # the stream is what it says
+    assert fed(plain_margin=0.02).best_k(1) == (1 if drafts else 0)
+    assert fed().best_k(1) == 1
+    with pytest.raises(ValueError, match="plain_margin"):
+        DraftKPolicy(plain_margin=1.0)
+
+
 def test_plain_steps_are_probed_only_when_allowed():
     policy = DraftKPolicy(max_k=8, plain_every=8)
     _feed(policy, 4, lambda k: 0.001, lambda k: 0.05, lambda k: k, times=40)

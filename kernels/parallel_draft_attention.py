@@ -35,17 +35,22 @@ def parallel_draft_attention(
     cache_lens: torch.Tensor,  # [B] int64, valid cache entries per row
     scale: float | None = None,
     impl: str = "auto",
+    window: int | None = None,
 ) -> torch.Tensor:  # [B, Q, Hq, D], q's dtype
     """Attention of Q new queries over ``cache[:cache_lens[b]]`` and the new keys ``j <= i``.
 
     ``scale`` defaults to D ** -0.5. ``impl``: "auto" | "torch" | "triton" (peagle.kernels.dispatch).
-    Raises ValueError naming the argument on a bad shape, dtype or device.
+    ``window``: each query sees only the last ``window`` keys up to its own (cache slot j of row b
+    sits ``cache_lens[b] + i - j`` before query i); the Triton kernel has no window, so a window
+    runs the PyTorch twin. Raises ValueError naming the argument on a bad shape, dtype or device.
     """
     _validate(q, k, v, k_cache, v_cache, cache_lens)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be an integer >= 1 or None, got {window!r}")
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    if resolve_impl(impl, q, k, v, k_cache, v_cache, cache_lens) == "torch":
-        return parallel_draft_attention_torch(q, k, v, k_cache, v_cache, cache_lens, scale)
+    if window is not None or resolve_impl(impl, q, k, v, k_cache, v_cache, cache_lens) == "torch":
+        return parallel_draft_attention_torch(q, k, v, k_cache, v_cache, cache_lens, scale, window)
     from .parallel_draft_attention_triton import parallel_draft_attention_triton
 
     return parallel_draft_attention_triton(q, k, v, k_cache, v_cache, cache_lens, scale)
@@ -59,6 +64,7 @@ def parallel_draft_attention_torch(
     v_cache: torch.Tensor,
     cache_lens: torch.Tensor,
     scale: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """The PyTorch twin: same arguments and result as ``parallel_draft_attention``, in fp32.
 
@@ -80,6 +86,11 @@ def parallel_draft_attention_torch(
     values = torch.cat([v_cache, v.transpose(1, 2)], dim=2).float()
     causal = torch.ones(Q, Q, dtype=torch.bool, device=q.device).tril()  # [Q, Q]: j <= i
     mask = torch.cat([cached[:, None, :].expand(B, Q, S), causal.expand(B, Q, Q)], dim=-1)  # [B, Q, S+Q]
+    if window is not None:  # distance query i -> cache slot j: lens + i - j; -> new key c: i - c
+        i = torch.arange(Q, device=q.device)[None, :, None]
+        to_cache = lens[:, None, None] + i - slots[None, None, :]  # [B, Q, S]
+        to_new = (i - torch.arange(Q, device=q.device)[None, None, :]).expand(B, Q, Q)
+        mask = mask & (torch.cat([to_cache, to_new], dim=-1) < window)
     mask = mask[:, None, None].expand(B, 1, G, Q, S + Q).reshape(B, 1, G * Q, S + Q)
     queries = q.transpose(1, 2).reshape(B, Hkv, G * Q, D).float()  # head h = kv head h // G, group h % G
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)  # [B, Hkv, G*Q, D]

@@ -73,6 +73,7 @@ class DrafterConfig:
     max_position_embeddings: int = 8192  # positions the drafter was built for
     mask_token_id: int | None = None  # P-EAGLE: embedding row standing in for undrafted tokens
     max_draft_k: int = 16  # deepest draft_k this head supports (trained depth for P-EAGLE)
+    attention_window: int | None = None  # context a drafter query attends: its last N positions (None: all)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # passthrough config keys
 
     def __post_init__(self) -> None:
@@ -81,6 +82,8 @@ class DrafterConfig:
                      "num_layers", "max_draft_k"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.attention_window is not None and int(self.attention_window) < 1:
+            raise ValueError(f"attention_window must be >= 1 (or None for the whole context), got {self.attention_window}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "

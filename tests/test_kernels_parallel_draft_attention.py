@@ -45,8 +45,8 @@ def _inputs(B, Q, Hq, Hkv, D, S, lens, dtype=torch.float32, seed=0, q_gain=1.0):
     return (*cast, torch.tensor(lens, dtype=torch.int64))
 
 
-def _loop_reference(q, k, v, k_cache, v_cache, cache_lens, scale):
-    """One query and head at a time, in float64."""
+def _loop_reference(q, k, v, k_cache, v_cache, cache_lens, scale, window=None):
+    """One query and head at a time, in float64 (``window``: the last ``window`` keys of each)."""
     B, Q, Hq, D = q.shape
     G = Hq // k.shape[2]
     out = torch.empty(B, Q, Hq, D, dtype=torch.float64)
@@ -57,6 +57,8 @@ def _loop_reference(q, k, v, k_cache, v_cache, cache_lens, scale):
             for i in range(Q):
                 keys = torch.cat([k_cache[b, kh, :L], k[b, : i + 1, kh]]).double()
                 vals = torch.cat([v_cache[b, kh, :L], v[b, : i + 1, kh]]).double()
+                if window is not None:
+                    keys, vals = keys[-window:], vals[-window:]
                 w = torch.softmax(keys @ q[b, i, h].double() * scale, dim=0)
                 out[b, i, h] = w @ vals
     return out
@@ -69,6 +71,18 @@ def test_twin_matches_loop_reference(shape):
     got = parallel_draft_attention(*args, impl="torch")
     want = _loop_reference(*args, scale=D**-0.5)
     torch.testing.assert_close(got.double(), want, **TWIN_VS_LOOP)
+
+
+@pytest.mark.parametrize("window", [1, 3, 40])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:6])))
+def test_window_keeps_the_last_keys_of_each_query(shape, window):
+    args = _inputs(*shape)
+    got = parallel_draft_attention(*args, window=window)  # a window runs the twin whatever impl says
+    torch.testing.assert_close(got.double(), _loop_reference(*args, scale=shape[4] ** -0.5, window=window), **TWIN_VS_LOOP)
+    wide = shape[5] + shape[1]  # covers every key: the same as no window
+    torch.testing.assert_close(parallel_draft_attention(*args, window=wide), parallel_draft_attention(*args, impl="torch"))
+    with pytest.raises(ValueError, match="window"):
+        parallel_draft_attention(*args, window=0)
 
 
 @needs_interpreter

@@ -49,6 +49,24 @@ def test_mask_of_the_worked_example():
         assert [names[j] for j in range(len(names)) if vis[i, j]] == [f"({k},0)" for k in range(i + 1)]
 
 
+def test_a_window_keeps_the_last_positions_before_the_query():
+    """attention_window W: a query at anchor a, depth d (position a + d) sees the depth-0 keys of
+    positions a + d - W + 1 .. a, and its own chain as before."""
+    _, d0, chains = _example()
+    a = torch.cat([d0.anchor, chains.anchor])
+    d = torch.cat([d0.depth, chains.depth])
+    doc = torch.zeros_like(a)
+    names = [f"({x},{y})" for x, y in zip(a.tolist(), d.tolist())]
+    vis = visible(a, d, doc, a, d, doc, window=3)
+    seen = lambda row: sorted(names[j] for j in range(len(names)) if vis[names.index(row), j])  # noqa: E731
+    assert seen("(3,0)") == ["(1,0)", "(2,0)", "(3,0)"]  # position 3: context 1..3
+    assert seen("(3,1)") == ["(2,0)", "(3,0)", "(3,1)"]  # position 4: context 2..3 (4 is its own mask slot)
+    assert seen("(3,2)") == ["(3,0)", "(3,1)", "(3,2)"]  # position 5: context 3
+    assert [names[j] for j in range(len(names)) if visible(a, d, doc, a, d, doc, window=2)[names.index("(3,2)"), j]] \
+        == ["(3,1)", "(3,2)"]  # a window shorter than the depth loses the anchor too, as in decoding
+    assert (visible(a, d, doc, a, d, doc, window=100) == visible(a, d, doc, a, d, doc)).all()
+
+
 def test_attention_never_crosses_sequences():
     packed = pack([list(range(10, 18)), list(range(20, 26))], [2, 2])
     d0 = depth0(packed)

@@ -79,14 +79,17 @@ class Eagle3Drafter(DraftHead):
                                      vis.gather(1, f["slot"].clamp_min(0)[..., None].expand(-1, -1, M)), False) if M else vis.new_zeros(B, F_, 0)
             own = torch.eye(F_, dtype=torch.bool, device=n.device).expand(B, F_, F_)
             new_vis = torch.cat([parent_vis, own], dim=2)  # [B, F, M + F]
-            lens = self.cache.lens
+            lens, window = self.cache.lens, self.config.attention_window
 
             def attend(i, q, k, v):
                 kc, vc = self.cache.view(i)
                 ks = k.transpose(1, 2) if spec_k[i] is None else torch.cat([spec_k[i], k.transpose(1, 2)], dim=2)
                 vs = v.transpose(1, 2) if spec_v[i] is None else torch.cat([spec_v[i], v.transpose(1, 2)], dim=2)
                 spec_k[i], spec_v[i] = ks, vs
-                ctx = torch.arange(kc.shape[2], device=q.device)[None, None, :] < lens[:, None, None]
+                slot = torch.arange(kc.shape[2], device=q.device)[None, None, :]
+                ctx = slot < lens[:, None, None]
+                if window is not None:  # these nodes sit at position lens - 1 + d; slot j at j
+                    ctx = ctx & (lens[:, None, None] - 1 + d - slot < window)
                 visible = torch.cat([ctx.expand(B, F_, kc.shape[2]), new_vis], dim=2)
                 return masked_attention(q, torch.cat([kc, ks], dim=2), torch.cat([vc, vs], dim=2), visible)
 

@@ -60,6 +60,8 @@ def config_to_dict(cfg: DrafterConfig, kind, dtype: torch.dtype, compact: bool =
     d.update(kind.extra_config(cfg))
     d["peagle"] = {"format_version": 1, "drafter": kind.name, "max_draft_k": cfg.max_draft_k,
                    "compact_embedding": compact, "target": target_name, **cfg.extra}
+    if cfg.attention_window is not None:  # peagle's own: engines attend over the whole context
+        d["peagle"]["attention_window"] = cfg.attention_window
     return d
 
 
@@ -102,6 +104,7 @@ def config_from_dict(d: dict, target=None) -> DrafterConfig:
         max_position_embeddings=int(d.get("max_position_embeddings", 8192)),
         mask_token_id=None if mask_id is None else int(mask_id),
         max_draft_k=int(own.get("max_draft_k", 16)),
+        attention_window=None if own.get("attention_window") is None else int(own["attention_window"]),
     )
     return cfg
 

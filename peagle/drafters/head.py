@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -116,6 +118,21 @@ class DraftHead(nn.Module, DrafterBase):
         self.cache = KVCache(len(self.layers), batch_size, self.config.num_key_value_heads,
                              self.config.head_dim, p.device, p.dtype)
 
+    @property
+    def attention_window(self) -> int | None:
+        """Context positions a query attends (its last N; None: all), ``config.attention_window``."""
+        return self.config.attention_window
+
+    def set_attention_window(self, window: int | None) -> None:
+        """Attend only the last ``window`` context positions (None: all) from the next call on.
+
+        A head trained on sequences of at most N tokens has never seen keys further than N back;
+        a window of N keeps long contexts within what it learned (docs/results.md, "Long contexts").
+        """
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"attention_window must be an integer >= 1 or None, got {window!r}")
+        self.config = dataclasses.replace(self.config, attention_window=window)
+
     # -- the forward pass ---------------------------------------------------------------
     def run(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
             num_write: torch.Tensor, attend_fn=None) -> torch.Tensor:
@@ -128,6 +145,7 @@ class DraftHead(nn.Module, DrafterBase):
         """
         cache = self.cache
         attention = _attention_impl()
+        window = self.config.attention_window
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, hidden.dtype)
         emb = self.embed(tokens).to(hidden.dtype)
         for i, layer in enumerate(self.layers):
@@ -136,7 +154,7 @@ class DraftHead(nn.Module, DrafterBase):
             def attend(q, k, v, i=i, k_cache=k_cache, v_cache=v_cache):
                 if attend_fn is not None:
                     return attend_fn(i, q, k, v)
-                return attention(q, k, v, k_cache, v_cache, cache.lens)
+                return attention(q, k, v, k_cache, v_cache, cache.lens, window=window)
 
             hidden, (k, v) = layer(hidden, emb if i == 0 else None, cos, sin, attend)
             cache.write(i, k, v, num_write)

@@ -35,15 +35,19 @@ class KeyGroup:
         return not bool(self.depth.any())
 
 
-def visible(q_anchor, q_depth, q_doc, k_anchor, k_depth, k_doc) -> torch.Tensor:
-    """[Q], [K] metadata -> [Q, K] bool."""
+def visible(q_anchor, q_depth, q_doc, k_anchor, k_depth, k_doc, window: int | None = None) -> torch.Tensor:
+    """[Q], [K] metadata -> [Q, K] bool; ``window``: depth-0 keys only within the last ``window``
+    positions up to the query's own (anchor + depth), as the drafter's ``attention_window`` does in
+    decoding."""
     same_doc = q_doc[:, None] == k_doc[None, :]
     context = (k_depth[None, :] == 0) & (k_anchor[None, :] <= q_anchor[:, None])
+    if window is not None:
+        context &= k_anchor[None, :] > (q_anchor + q_depth)[:, None] - window
     chain = (k_anchor[None, :] == q_anchor[:, None]) & (k_depth[None, :] >= 1) & (k_depth[None, :] <= q_depth[:, None])
     return same_doc & (context | chain)
 
 
-def _attend_chunk(q, q_anchor, q_depth, q_doc, ranges, *kv_and_meta):
+def _attend_chunk(q, q_anchor, q_depth, q_doc, ranges, window, *kv_and_meta):
     """q [Q, Hq, D]; kv_and_meta = (k, v, anchor, depth, doc) per key group, ranges = [(start, end)]."""
     with record_function("train.attn_prep"):  # gather the visible key ranges, build the mask
         ks, vs, ka, kd, kdoc = [], [], [], [], []
@@ -51,7 +55,7 @@ def _attend_chunk(q, q_anchor, q_depth, q_doc, ranges, *kv_and_meta):
             k, v, a, d, doc = kv_and_meta[5 * g: 5 * g + 5]
             ks.append(k[s:e]), vs.append(v[s:e]), ka.append(a[s:e]), kd.append(d[s:e]), kdoc.append(doc[s:e])
         k, v = torch.cat(ks), torch.cat(vs)
-        mask = visible(q_anchor, q_depth, q_doc, torch.cat(ka), torch.cat(kd), torch.cat(kdoc))
+        mask = visible(q_anchor, q_depth, q_doc, torch.cat(ka), torch.cat(kd), torch.cat(kdoc), window)
     return grouped_attention(q, k, v, mask)
 
 
@@ -111,12 +115,14 @@ SAVED_BUDGET = 1 << 26
 
 
 def chunk_plan(q_anchor: torch.Tensor, q_doc: torch.Tensor, keys: list[KeyGroup], doc_start: torch.Tensor,
-               heads: int, budget: int, query_block: int = QUERY_BLOCK) -> list[tuple[int, int, list[tuple[int, int]]]]:
+               heads: int, budget: int, query_block: int = QUERY_BLOCK,
+               window: int | None = None) -> list[tuple[int, int, list[tuple[int, int]]]]:
     """Query chunks (start, end, key range per group): never across sequences, at most query_block
     queries and budget scores (queries x keys x heads) each.
 
     A chunk with anchors [lo, hi] of sequence s reads the depth-0 keys from s's first row to hi
-    and the chain keys with anchors in [lo, hi]: one contiguous range per group (sorted anchors).
+    (with a ``window``: from lo - window + 1) and the chain keys with anchors in [lo, hi]: one
+    contiguous range per group (sorted anchors).
     """
     context = [g.context for g in keys]
     docs, sizes = torch.unique_consecutive(q_doc, return_counts=True)
@@ -129,7 +135,8 @@ def chunk_plan(q_anchor: torch.Tensor, q_doc: torch.Tensor, keys: list[KeyGroup]
         for c0 in range(s, end, step):
             c1 = min(c0 + step, end)
             lo, hi = int(q_anchor[c0]), int(q_anchor[c1 - 1])
-            ranges = [(int(torch.searchsorted(g.anchor, first if c else lo)), int(torch.searchsorted(g.anchor, hi, right=True)))
+            start = first if window is None else max(first, lo - window + 1)
+            ranges = [(int(torch.searchsorted(g.anchor, start if c else lo)), int(torch.searchsorted(g.anchor, hi, right=True)))
                       for g, c in zip(keys, context)]
             out.append((c0, c1, ranges))
         s = end
@@ -138,8 +145,10 @@ def chunk_plan(q_anchor: torch.Tensor, q_doc: torch.Tensor, keys: list[KeyGroup]
 
 def packed_attention(q: torch.Tensor, q_anchor: torch.Tensor, q_depth: torch.Tensor, q_doc: torch.Tensor,
                      keys: list[KeyGroup], doc_start: torch.Tensor, budget: int = 1 << 23,
-                     saved_budget: int | None = None) -> torch.Tensor:
+                     saved_budget: int | None = None, window: int | None = None) -> torch.Tensor:
     """Attention of queries q [Q, Hq, D] (sorted by anchor) over key groups -> [Q, Hq, D].
+
+    window: depth-0 keys only from the last ``window`` anchors (``visible``); None: all before.
 
     budget: largest number of attention scores (queries x keys x heads) one chunk may hold.
     saved_budget: when the chunks together would keep more values than this for backward (their
@@ -147,13 +156,13 @@ def packed_attention(q: torch.Tensor, q_anchor: torch.Tensor, q_depth: torch.Ten
     """
     Q, Hq, D = q.shape
     with record_function("train.attn_prep"):
-        chunks = chunk_plan(q_anchor, q_doc, keys, doc_start, Hq, budget, QUERY_BLOCK)
+        chunks = chunk_plan(q_anchor, q_doc, keys, doc_start, Hq, budget, QUERY_BLOCK, window)
     saved = sum((c1 - c0 + 2 * Hq * D) * sum(e - s for s, e in ranges) for c0, c1, ranges in chunks)
     use_ckpt = len(chunks) > 1 and torch.is_grad_enabled() and saved > (SAVED_BUDGET if saved_budget is None else saved_budget)
     flat = [t for g in keys for t in (g.k, g.v, g.anchor, g.depth, g.doc)]
     outs = []
     for c0, c1, ranges in chunks:
-        args = (q[c0:c1], q_anchor[c0:c1], q_depth[c0:c1], q_doc[c0:c1], ranges, *flat)
+        args = (q[c0:c1], q_anchor[c0:c1], q_depth[c0:c1], q_doc[c0:c1], ranges, window, *flat)
         if use_ckpt:
             outs.append(checkpoint(_attend_chunk, *args, use_reentrant=False))
         else:

@@ -231,6 +231,9 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--anchor-stride", type=int, default=1,
                    help="DFlash heads: evaluate the blocks at every s-th anchor of each answer (1 = all; full-vocabulary "
                         "logits at every position are costly on a CPU)")
+    p.add_argument("--attention-window", type=int, default=None,
+                   help="EAGLE-3 / P-EAGLE heads: attend only the last N context positions (default: the head's own "
+                        "attention_window, else all)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: peagle.machine.default_threads)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
 

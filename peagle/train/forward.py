@@ -54,8 +54,8 @@ class PassRunner:
                 kg, vg, qg = k[0].split(sizes), v[0].split(sizes), q[0].split(sizes)
                 for grp, kk, vv in zip(groups, kg, vg):
                     self.keys[i].append(KeyGroup(kk, vv, grp.anchor, grp.depth, grp.doc))
-                outs = [packed_attention(qq, grp.anchor, grp.depth, grp.doc, self.keys[i], self.packed.doc_start, self.budget)
-                        for grp, qq in zip(groups, qg) if len(grp)]
+                outs = [packed_attention(qq, grp.anchor, grp.depth, grp.doc, self.keys[i], self.packed.doc_start, self.budget,
+                                         window=getattr(head, "attention_window", None)) for grp, qq in zip(groups, qg) if len(grp)]
                 return torch.cat(outs)[None]
             with record_function("train.layers"):
                 h, _ = layer(h, emb if i == 0 else None, cos, sin, attend)

@@ -1,0 +1,64 @@
+"""attention_window: an EAGLE-3 / P-EAGLE head attends only the last N context positions, in
+decoding (chains and trees), in training / evaluation (peagle.train.attention.visible) and in its
+saved config; the output stays the target's."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import peagle
+from peagle.bench.models import tiny_target
+from peagle.checkpoint import from_pretrained, save_pretrained
+
+PROMPT = [list(range(3, 40))]  # 37 tokens: longer than the small windows below
+NEW = 12
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+def _drafter(kind, target, window=None):
+    torch.manual_seed(0)
+    layers = 2 if kind == "peagle" else 1
+    cls = peagle.PEagleDrafter if kind == "peagle" else peagle.Eagle3Drafter
+    drafter = cls(peagle.DrafterConfig.for_target(target, num_layers=layers))
+    drafter.set_attention_window(window)
+    return drafter
+
+
+def _run(target, drafter, tree):
+    """(output ids, every draft-logits tensor the head produced)."""
+    seen = []
+    logits = drafter.logits
+    drafter.logits = lambda prenorm: seen.append(logits(prenorm).detach().clone()) or seen[-1]
+    out = peagle.generate(target, drafter, PROMPT, draft_k=3, max_new_tokens=NEW, tree=tree)
+    del drafter.logits
+    return out.sequences, seen
+
+
+@pytest.mark.parametrize("tree", [None, peagle.TreeConfig(kind="dynamic", num_nodes=6)], ids=["chain", "tree"])
+@pytest.mark.parametrize("kind", ["peagle", "eagle3"])
+def test_window_changes_the_drafts_not_the_output(target, kind, tree):
+    plain = peagle.generate(target, None, PROMPT, max_new_tokens=NEW).sequences
+    full_out, full = _run(target, _drafter(kind, target), tree)
+    small_out, small = _run(target, _drafter(kind, target, window=4), tree)
+    wide_out, wide = _run(target, _drafter(kind, target, window=len(PROMPT[0]) + NEW + 8), tree)
+    assert full_out == small_out == wide_out == plain
+    assert len(full) == len(wide) and all(torch.equal(a, b) for a, b in zip(full, wide))  # covers all: no change
+    assert any(a.shape != b.shape or not torch.allclose(a, b) for a, b in zip(full, small))
+
+
+def test_window_is_saved_with_the_head_and_checked(target, tmp_path):
+    head = _drafter("peagle", target, window=1024)
+    save_pretrained(head, tmp_path / "h")
+    assert from_pretrained(tmp_path / "h", target=target).attention_window == 1024
+    head.set_attention_window(None)
+    save_pretrained(head, tmp_path / "none")
+    assert from_pretrained(tmp_path / "none", target=target).attention_window is None
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="attention_window"):
+            head.set_attention_window(bad)
+    with pytest.raises(ValueError, match="attention_window"):
+        peagle.DrafterConfig.for_target(target, attention_window=0)

@@ -232,8 +232,8 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
                    help="DFlash heads: evaluate the blocks at every s-th anchor of each answer (1 = all; full-vocabulary "
                         "logits at every position are costly on a CPU)")
     p.add_argument("--attention-window", type=int, default=None,
-                   help="EAGLE-3 / P-EAGLE heads: attend only the last N context positions (default: the head's own "
-                        "attention_window, else all)")
+                   help="EAGLE-3 / P-EAGLE heads: attend only the last N context positions, 0 for all (default: the "
+                        "head's own attention_window)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: peagle.machine.default_threads)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
 

@@ -154,19 +154,22 @@ def run_cli(args) -> int:
         parse_shards(args.shards)
     except ValueError as err:
         raise SystemExit(f"--shards: {err}")
-    for name in ("draft_k", "max_sequences", "max_len", "anchor_stride", "attention_window"):
+    for name in ("draft_k", "max_sequences", "max_len", "anchor_stride"):
         value = getattr(args, name, None)
         if value is not None and value < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    window = getattr(args, "attention_window", None)
+    if window is not None and window < 0:
+        raise SystemExit(f"--attention-window must be >= 0 (0: the whole context), got {window}")
     apply_threads(args.threads or "auto")
     target = load_target_by_name(args.target, args.target_dtype)
     results = []
     for path in args.head:
         head = from_pretrained(path, target=target)
-        if getattr(args, "attention_window", None) is not None:
+        if window is not None:
             if not hasattr(head, "set_attention_window"):
                 raise SystemExit(f"--attention-window applies to EAGLE-3 / P-EAGLE heads, not {type(head).__name__}")
-            head.set_attention_window(args.attention_window)
+            head.set_attention_window(window or None)
         options = {"anchor_stride": args.anchor_stride} if getattr(args, "anchor_stride", 1) != 1 else {}
         res = evaluate_head(head, target, args.data, args.shards, args.draft_k, args.max_len,
                             max_sequences=args.max_sequences, head_name=str(path), eval_options=options,

@@ -82,8 +82,9 @@ class DrafterConfig:
                      "num_layers", "max_draft_k"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.attention_window is not None and int(self.attention_window) < 1:
-            raise ValueError(f"attention_window must be >= 1 (or None for the whole context), got {self.attention_window}")
+        w = self.attention_window
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise ValueError(f"attention_window must be an integer >= 1 (or None for the whole context), got {w!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "

@@ -2,12 +2,12 @@
 
 Every auto arm of ``peagle demo`` runs twice, once with ``plain_margin=0`` (drafting whenever its
 predicted rate is above plain decoding's) and once with ``--margin`` (default 0.05), each with its own
-policy kept across calls (warm-up: 24 tokens of the first prompt, untimed). Each round runs plain
+policy kept across calls (warm-up: 24 tokens of the first prompt, untimed). Each repeat runs plain
 decoding and every arm on each prompt in turn (greedy, the demo's prompts); the table gives, per
-arm, the median over rounds of its speed against plain decoding in the same round, the share of
+arm, the median over repeats of its speed against plain decoding in the same repeat, the share of
 cycles that drafted, and whether every output equalled plain decoding.
 
-    python scripts/auto_margin.py --rounds 4 --max-new-tokens 40 --margin 0.05
+    python scripts/auto_margin.py --repeats 4 --max-new-tokens 40 --margin 0.05
 """
 from __future__ import annotations
 
@@ -32,15 +32,15 @@ ARMS = [  # (label, drafter, tree depth or None)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=40)
     ap.add_argument("--per-dataset", type=int, default=2)
     ap.add_argument("--margin", type=float, default=0.05)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    if args.rounds < 1 or args.max_new_tokens < 1 or args.per_dataset < 1:
-        raise SystemExit("--rounds, --max-new-tokens and --per-dataset must be >= 1")
+    if args.repeats < 1 or args.max_new_tokens < 1 or args.per_dataset < 1:
+        raise SystemExit("--repeats, --max-new-tokens and --per-dataset must be >= 1")
     apply_threads(args.threads)
     target = peagle.load_target(parse_dtype(args.dtype), threads=args.threads)
     drafters = {"ngram": peagle.NgramDrafter()}
@@ -70,7 +70,7 @@ def main() -> None:
     start = {id(p): len(p.history) for *_, p in arms}
     speed = {i: [] for i in range(len(arms))}
     same = {i: True for i in range(len(arms))}
-    for r in range(args.rounds):
+    for r in range(args.repeats):
         plain_s, arm_s = 0.0, [0.0] * len(arms)
         for prompt in prompts:
             ref, s = run(None, {}, prompt, args.max_new_tokens)
@@ -81,16 +81,16 @@ def main() -> None:
                 same[i] &= seq == ref
         for i in range(len(arms)):
             speed[i].append(plain_s / arm_s[i])
-        print(f"round {r + 1}: " + ", ".join(f"{a[0]} m={a[1]:g} {speed[i][-1]:.3f}x" for i, a in enumerate(arms)), flush=True)
+        print(f"repeat {r + 1}: " + ", ".join(f"{a[0]} m={a[1]:g} {speed[i][-1]:.3f}x" for i, a in enumerate(arms)), flush=True)
 
-    print(f"\n{target.dtype}, {args.rounds} rounds of {len(prompts)} prompts x {args.max_new_tokens} tokens")
-    print("| arm | margin | vs plain (median of rounds) | rounds | cycles that drafted | identical to plain |")
+    print(f"\n{target.dtype}, {args.repeats} repeats of {len(prompts)} prompts x {args.max_new_tokens} tokens")
+    print("| arm | margin | vs plain (median of repeats) | repeats | cycles that drafted | identical to plain |")
     print("|---|---|---|---|---|---|")
     for i, (label, margin, _, _, policy) in enumerate(arms):
         hist = policy.history[start[id(policy)]:]
         drafted = sum(1 for k in hist if k) / max(len(hist), 1)
-        rounds = " / ".join(f"{x:.2f}" for x in speed[i])
-        print(f"| {label} | {margin:g} | {statistics.median(speed[i]):.3f}x | {rounds} | {drafted:.1%} | "
+        per_repeat = " / ".join(f"{x:.2f}" for x in speed[i])
+        print(f"| {label} | {margin:g} | {statistics.median(speed[i]):.3f}x | {per_repeat} | {drafted:.1%} | "
               f"{'yes' if same[i] else 'NO'} |")
 
 

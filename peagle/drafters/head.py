@@ -128,9 +128,8 @@ class DraftHead(nn.Module, DrafterBase):
 
         A head trained on sequences of at most N tokens has never seen keys further than N back;
         a window of N keeps long contexts within what it learned (docs/results.md, "Long contexts").
+        ValueError (from DrafterConfig) unless an integer >= 1 or None.
         """
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ValueError(f"attention_window must be an integer >= 1 or None, got {window!r}")
         self.config = dataclasses.replace(self.config, attention_window=window)
 
     # -- the forward pass ---------------------------------------------------------------

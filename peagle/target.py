@@ -57,6 +57,12 @@ def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
     )
 
 
+
+def cache_keyword(model: nn.Module) -> str:
+    """The keyword ``model.forward`` takes its KV cache by: transformers >= 5.2x renamed
+    ``past_key_values`` to ``cache`` (the older name still works there, with a warning)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
 class Target:
     """A causal LM plus the hooks that expose its aux hidden states.
 
@@ -80,8 +86,7 @@ class Target:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_positions = int(getattr(text_config, "max_position_embeddings", 1 << 30))
         self._captured: dict[int, torch.Tensor] | None = None
-        # transformers >= 5.2x renamed `past_key_values` to `cache`; use whichever forward takes.
-        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._cache_kw = cache_keyword(model)
         self._hooks = []
         self.set_aux_layer_ids(ids)
 

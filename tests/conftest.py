@@ -1,11 +1,13 @@
 import os
 import sys
 
-# Triton must see this before its first import: the CPU suite runs kernels in the interpreter.
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import pytest
 import torch
+
+# Triton must see this before its first import: without a GPU the suite runs kernels in the
+# interpreter; with one (tests/gpu) they must compile.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, os.path.dirname(__file__))
 # One thread: tiny test models gain nothing from two, and parallel jobs contend for the cores.

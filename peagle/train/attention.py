@@ -112,6 +112,9 @@ QUERY_BLOCK = 128
 #: values a pass may keep for backward (masks, gathered keys and values) before chunks are
 #: recomputed in backward instead; a recipe batch of 8 x 1,024 tokens stays well under it
 SAVED_BUDGET = 1 << 26
+#: on a GPU a chunk's launches cost more than the scores it wastes: chunks, their score budget and
+#: what they may keep for backward grow by this factor there (an H200 step was launch-bound)
+GPU_CHUNK_SCALE = 8
 
 
 def chunk_plan(q_anchor: torch.Tensor, q_doc: torch.Tensor, keys: list[KeyGroup], doc_start: torch.Tensor,
@@ -125,19 +128,22 @@ def chunk_plan(q_anchor: torch.Tensor, q_doc: torch.Tensor, keys: list[KeyGroup]
     contiguous range per group (sorted anchors).
     """
     context = [g.context for g in keys]
+    # Plan on host copies: on a GPU every int() of a device tensor would stall the stream.
+    q_anchor, q_doc, doc_start = q_anchor.cpu(), q_doc.cpu(), doc_start.cpu()
+    anchors = [g.anchor.cpu() for g in keys]
     docs, sizes = torch.unique_consecutive(q_doc, return_counts=True)
     out, s = [], 0
     for doc, n in zip(docs.tolist(), sizes.tolist()):
         first, end = int(doc_start[doc]), s + n
-        width = sum(int(torch.searchsorted(g.anchor, int(q_anchor[end - 1]), right=True))
-                    - int(torch.searchsorted(g.anchor, first)) for g, c in zip(keys, context) if c)
+        width = sum(int(torch.searchsorted(a, int(q_anchor[end - 1]), right=True))
+                    - int(torch.searchsorted(a, first)) for a, c in zip(anchors, context) if c)
         step = max(1, min(query_block, budget // (heads * max(1, width))))
         for c0 in range(s, end, step):
             c1 = min(c0 + step, end)
             lo, hi = int(q_anchor[c0]), int(q_anchor[c1 - 1])
             start = first if window is None else max(first, lo - window + 1)
-            ranges = [(int(torch.searchsorted(g.anchor, start if c else lo)), int(torch.searchsorted(g.anchor, hi, right=True)))
-                      for g, c in zip(keys, context)]
+            ranges = [(int(torch.searchsorted(a, start if c else lo)), int(torch.searchsorted(a, hi, right=True)))
+                      for a, c in zip(anchors, context)]
             out.append((c0, c1, ranges))
         s = end
     return out
@@ -155,10 +161,12 @@ def packed_attention(q: torch.Tensor, q_anchor: torch.Tensor, q_depth: torch.Ten
     masks, gathered keys and values), each chunk is recomputed in backward instead (None: SAVED_BUDGET).
     """
     Q, Hq, D = q.shape
+    scale = GPU_CHUNK_SCALE if q.is_cuda else 1
     with record_function("train.attn_prep"):
-        chunks = chunk_plan(q_anchor, q_doc, keys, doc_start, Hq, budget, QUERY_BLOCK, window)
+        chunks = chunk_plan(q_anchor, q_doc, keys, doc_start, Hq, budget * scale, QUERY_BLOCK * scale, window)
     saved = sum((c1 - c0 + 2 * Hq * D) * sum(e - s for s, e in ranges) for c0, c1, ranges in chunks)
-    use_ckpt = len(chunks) > 1 and torch.is_grad_enabled() and saved > (SAVED_BUDGET if saved_budget is None else saved_budget)
+    keep = (SAVED_BUDGET if saved_budget is None else saved_budget) * scale
+    use_ckpt = len(chunks) > 1 and torch.is_grad_enabled() and saved > keep
     flat = [t for g in keys for t in (g.k, g.v, g.anchor, g.depth, g.doc)]
     outs = []
     for c0, c1, ranges in chunks:

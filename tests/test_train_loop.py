@@ -149,3 +149,26 @@ def test_reschedule_shortens_a_run_from_its_checkpoint(workdir):
     log = _log(out)
     assert log[-1]["step"] == 6
     assert log[-1]["lr"] == pytest.approx(3e-3 * 0.1)  # the new schedule ends at its floor at step 6
+
+
+def test_max_minutes_fits_the_run_and_a_resume_keeps_the_fitted_length(workdir, monkeypatch):
+    import shutil
+
+    import peagle.train.trainer as trainer
+
+    root, _ = workdir
+    out = root / "minutes"
+    batch = trainer.global_batch
+    monkeypatch.setattr(trainer, "global_batch", lambda *a: (time.sleep(0.2), batch(*a))[1])  # steps of >= 0.2 s
+    common = ["--max-depth", "3", "--checkpoint-every", "1", "--keep-checkpoints", "100", "--max-steps", "200",
+              "--max-minutes", "0.1"]
+    assert train_main(_args(root, "peagle", out, *common)) == 0
+    steps = _log(out)[-1]["step"]
+    assert 4 <= steps < 60  # 6 s of 0.2+ s steps, far below the cap of 200
+    assert _log(out)[-1]["lr"] == pytest.approx(3e-3 * 0.1)  # the cosine ends at its floor where the time does
+    shutil.rmtree(out / "final")
+    for ckpt in sorted((out / "checkpoints").glob("step_*"))[-2:]:
+        shutil.rmtree(ckpt)  # as if killed three steps before the end
+    monkeypatch.setattr(trainer, "global_batch", batch)  # fast steps now: a second fit would run far longer
+    assert train_main(_args(root, "peagle", out, *common)) == 0
+    assert _log(out)[-1]["step"] == steps

@@ -136,19 +136,40 @@ def trainable(head) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in head.named_parameters() if p.requires_grad]
 
 
+class CosineSchedule:
+    """Learning-rate factor at a step: linear warm-up, then cosine to ``min_lr_ratio`` at ``total_steps``.
+
+    A callable object rather than a function, so the scheduler's state_dict saves it: a run whose
+    length was fitted to a time budget (``fitted``) resumes with that length.
+    """
+
+    def __init__(self, warmup_steps: int, total_steps: int, min_lr_ratio: float):
+        self.warmup_steps, self.total_steps, self.min_lr_ratio = warmup_steps, total_steps, min_lr_ratio
+        self.fitted = False  # total_steps was set by --max-minutes
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 def make_optimizer(cfg: TrainConfig, head, total_steps: int):
     decay = [p for n, p in trainable(head) if p.dim() >= 2 and not n.startswith("embed_tokens")]
     no_decay = [p for n, p in trainable(head) if p.dim() < 2 or n.startswith("embed_tokens")]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
-
-    def schedule(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
+    schedule = CosineSchedule(cfg.warmup_steps, total_steps, cfg.min_lr_ratio)
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+
+
+def fit_to_minutes(schedule: CosineSchedule, done: int, seconds_per_step: float, seconds_left: float) -> int:
+    """Shorten ``schedule`` to the steps ``seconds_left`` allows at ``seconds_per_step`` (never past
+    its current end, never before ``done``); returns the new total."""
+    extra = max(0, int(seconds_left / max(seconds_per_step, 1e-9)))
+    schedule.total_steps = min(schedule.total_steps, done + extra)
+    schedule.fitted = True
+    return schedule.total_steps
 
 
 # -- checkpoints -----------------------------------------------------------------------------
@@ -197,7 +218,8 @@ def save_checkpoint(accelerator, out: Path, step: int, head, opt, sched, cfg: Tr
 
 
 #: options a resumed run may change; any other difference would change the result
-RESUMABLE_CHANGES = {"out", "data", "threads", "reschedule", "trim_memory", "log_every", "checkpoint_every", "keep_checkpoints", "features"}
+RESUMABLE_CHANGES = {"out", "data", "threads", "reschedule", "trim_memory", "log_every", "checkpoint_every", "keep_checkpoints",
+                     "features", "max_minutes"}
 
 
 def check_resume_config(path: Path, cfg: TrainConfig) -> None:
@@ -318,13 +340,21 @@ def train(cfg: TrainConfig, target=None) -> Path:
         check_resume_config(ckpt, cfg)
         start = load_checkpoint(accelerator, ckpt, head, opt, sched)
         accelerator.print(f"resumed from {ckpt} at step {start}")
+    schedule = sched.lr_lambdas[0]  # a CosineSchedule, with the saved length if a checkpoint was loaded
+    if cfg.reschedule:
+        schedule.total_steps, schedule.fitted = total_steps, False
+    # --max-minutes: time the steps up to the end of warm-up (the rate there does not depend on the
+    # run's length), then fit the length to the minutes left
+    fit_at = max(cfg.warmup_steps, start + 2) if cfg.max_minutes and not schedule.fitted else None
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
     log = out / "log.jsonl"
     rank, world = accelerator.process_index, accelerator.num_processes
     t_last, tokens_since = time.perf_counter(), 0
-    for step in range(start, total_steps):
+    t_begin, t_first = t_last, None
+    step = start
+    while step < schedule.total_steps:
         batch = global_batch(step, len(data), cfg.batch_size, cfg.seed)
         mine = batch[rank::world]
         plans = []  # every micro-batch is planned first: the loss divides by the global batch's counts
@@ -336,7 +366,7 @@ def train(cfg: TrainConfig, target=None) -> Path:
         counts = accelerator.reduce(counts.to(device), reduction="sum").cpu() if world > 1 else counts
         head.train()
         done = step + 1
-        logged = done % cfg.log_every == 0 or done == total_steps or done == start + 1
+        logged = done % cfg.log_every == 0 or done == schedule.total_steps or done == start + 1
         depth_stats = torch.zeros(3, kind.stat_depths(cfg))
         objective = torch.zeros(1)
         for mb, plan, _ in plans:
@@ -358,6 +388,13 @@ def train(cfg: TrainConfig, target=None) -> Path:
             objective, depth_stats = both[:1], both[1:].view_as(depth_stats)
         if cfg.trim_memory:
             _release_freed_memory()
+        now = time.perf_counter()
+        t_first = now if done == start + 1 else t_first  # the first step (warm caches, compiles) is not timed
+        if done == fit_at:
+            per_step = torch.tensor([(now - t_first) / (done - start - 1)])  # every process adopts rank 0's
+            per_step = accelerator.reduce(per_step.to(device), reduction="mean").cpu() if world > 1 else per_step
+            total = fit_to_minutes(schedule, done, float(per_step), cfg.max_minutes * 60 - (now - t_begin))
+            accelerator.print(f"--max-minutes {cfg.max_minutes}: {float(per_step):.3f} s a step -> {total} steps")
         if accelerator.is_main_process and logged:
             now = time.perf_counter()
             n = depth_stats[2].clamp_min(1)
@@ -371,10 +408,11 @@ def train(cfg: TrainConfig, target=None) -> Path:
             with open(log, "a") as f:
                 f.write(json.dumps(rec) + "\n")
             accelerator.print(json.dumps(rec))
-        if done % cfg.checkpoint_every == 0 and done < total_steps:
+        if done % cfg.checkpoint_every == 0 and done < schedule.total_steps:
             save_checkpoint(accelerator, out, done, head, opt, sched, cfg, cfg.keep_checkpoints)
+        step = done
     if accelerator.is_main_process:
         save_pretrained(head, final, target_name=cfg.target)
-        (final / "trainer_state.json").write_text(json.dumps({"step": total_steps, "config": asdict(cfg)}, indent=1))
+        (final / "trainer_state.json").write_text(json.dumps({"step": schedule.total_steps, "config": asdict(cfg)}, indent=1))
     accelerator.wait_for_everyone()
     return final

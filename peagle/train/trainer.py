@@ -391,10 +391,11 @@ def train(cfg: TrainConfig, target=None) -> Path:
         now = time.perf_counter()
         t_first = now if done == start + 1 else t_first  # the first step (warm caches, compiles) is not timed
         if done == fit_at:
-            per_step = torch.tensor([(now - t_first) / (done - start - 1)])  # every process adopts rank 0's
-            per_step = accelerator.reduce(per_step.to(device), reduction="mean").cpu() if world > 1 else per_step
-            total = fit_to_minutes(schedule, done, float(per_step), cfg.max_minutes * 60 - (now - t_begin))
-            accelerator.print(f"--max-minutes {cfg.max_minutes}: {float(per_step):.3f} s a step -> {total} steps")
+            timing = torch.tensor([(now - t_first) / (done - start - 1), cfg.max_minutes * 60 - (now - t_begin)])
+            # every process must pick the same length: they fit to their mean clock
+            timing = accelerator.reduce(timing.to(device), reduction="mean").cpu() if world > 1 else timing
+            total = fit_to_minutes(schedule, done, float(timing[0]), float(timing[1]))
+            accelerator.print(f"--max-minutes {cfg.max_minutes}: {float(timing[0]):.3f} s a step -> {total} steps")
         if accelerator.is_main_process and logged:
             now = time.perf_counter()
             n = depth_stats[2].clamp_min(1)

@@ -57,11 +57,11 @@ def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
     )
 
 
-
 def cache_keyword(model: nn.Module) -> str:
     """The keyword ``model.forward`` takes its KV cache by: transformers >= 5.2x renamed
     ``past_key_values`` to ``cache`` (the older name still works there, with a warning)."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
 
 class Target:
     """A causal LM plus the hooks that expose its aux hidden states.

@@ -172,3 +172,10 @@ def test_max_minutes_fits_the_run_and_a_resume_keeps_the_fitted_length(workdir, 
     monkeypatch.setattr(trainer, "global_batch", batch)  # fast steps now: a second fit would run far longer
     assert train_main(_args(root, "peagle", out, *common)) == 0
     assert _log(out)[-1]["step"] == steps
+
+
+@pytest.mark.parametrize("minutes", ["0", "-1"])
+def test_max_minutes_must_be_positive(workdir, minutes):
+    root, _ = workdir
+    with pytest.raises(ValueError, match="max_minutes must be > 0"):
+        train_main(_args(root, "peagle", root / "bad_minutes", "--max-minutes", minutes))

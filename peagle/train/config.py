@@ -79,6 +79,8 @@ class TrainConfig:
             read_row_file(self.rows)  # likewise for a missing or malformed row file
         if self.mixed_precision not in ("auto", "no", "bf16"):
             raise ValueError(f"mixed_precision must be 'auto', 'no' or 'bf16', got {self.mixed_precision!r}")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise ValueError(f"max_minutes must be > 0 (or None: no time budget), got {self.max_minutes}")
         for name in ("draft_vocab_size", "max_len", "batch_size", "micro_batch_tokens", "checkpoint_every",
                      "keep_checkpoints", "log_every"):
             if int(getattr(self, name)) < 1:

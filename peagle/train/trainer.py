@@ -397,7 +397,6 @@ def train(cfg: TrainConfig, target=None) -> Path:
             total = fit_to_minutes(schedule, done, float(timing[0]), float(timing[1]))
             accelerator.print(f"--max-minutes {cfg.max_minutes}: {float(timing[0]):.3f} s a step -> {total} steps")
         if accelerator.is_main_process and logged:
-            now = time.perf_counter()
             n = depth_stats[2].clamp_min(1)
             rec = {"step": done, "loss": round(float(objective), 6), "lr": sched.get_last_lr()[0],
                    "grad_norm": round(float(grad_norm), 4),

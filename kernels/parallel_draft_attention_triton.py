@@ -9,7 +9,9 @@ an online softmax (flash-attention): running max m, running sum l, fp32 accumula
 Precision. Softmax statistics and the output accumulator are fp32, and by default (``UPCAST``)
 every loaded value is converted to fp32 right after ``tl.load``: the Triton interpreter computes
 garbage on bf16 arithmetic otherwise. fp32 inputs use IEEE dots (no TF32) so the kernel matches
-the twin; upcast bf16/fp16 values are exact in TF32, so their dots run on TF32 tensor cores.
+the twin; upcast bf16/fp16 values are exact in TF32, so their dots run on TF32 tensor cores
+(Q K^T exactly; P @ V rounds the fp32 probabilities to TF32's 10 bits, up to ~5e-4 on the output,
+so an output can sit one bf16 ulp from the twin's).
 ``upcast=False`` (GPU only, 16-bit inputs) keeps the dot operands 16-bit and rounds the softmax
 probabilities to the input dtype for P @ V, as flash-attention does; the GPU test checks it and
 the benchmark times both, to decide whether it should become the default. Compiled for sm_90 on

@@ -56,7 +56,7 @@ def test_init_from_copies_a_saved_head_and_refuses_another_shape(tmp_path):
 
 
 def test_init_from_an_eagle3_head(tmp_path):
-    from peagle.checkpoint import save_pretrained
+    from peagle.checkpoint import read_config, save_pretrained
     from peagle.train.trainer import load_weights_from
 
     target = tiny_target(hidden=64, layers=4, vocab=256)
@@ -64,11 +64,16 @@ def test_init_from_an_eagle3_head(tmp_path):
     make = lambda seed: build_head(TrainConfig(kind="eagle3", data=str(tmp_path), out=str(tmp_path), layers=1,
                                                draft_vocab_size=128, seed=seed), target, used)
     trained = make(1)
+    trained.set_attention_window(48)
     save_pretrained(trained, tmp_path / "saved")
     fresh = make(2)
+    assert fresh.attention_window is None
     load_weights_from(fresh, tmp_path / "saved", target)
     for name, tensor in trained.state_dict().items():
         assert torch.equal(fresh.state_dict()[name], tensor), name
+    assert fresh.attention_window == 48  # continuing a head keeps its window (saved with the result)
+    save_pretrained(fresh, tmp_path / "continued")
+    assert read_config(tmp_path / "continued")["peagle"]["attention_window"] == 48
 
 
 def _depth0_logits(head, target, tokens, hidden):

@@ -127,6 +127,8 @@ def load_weights_from(head, path: str | Path, target, kind=None) -> None:
     bad = [n for n in mine if n not in theirs or theirs[n].shape != mine[n].shape] + [n for n in theirs if n not in mine]
     if bad:
         raise ValueError(f"init_from: {path} does not match this run's head (layers, widths, vocabulary): {bad[:5]}")
+    if hasattr(head, "set_attention_window"):  # a continued head keeps how it serves long contexts
+        head.set_attention_window(src.attention_window)
     with torch.no_grad():
         for name, tensor in mine.items():
             tensor.copy_(theirs[name].to(tensor.dtype))

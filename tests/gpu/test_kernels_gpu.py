@@ -71,8 +71,12 @@ def test_attention_public_entry_picks_the_kernel_at_bench_shape():
     args = _attention_inputs(64, 8, 32, 8, 128, 4096, torch.bfloat16, seed=1)
     assert resolve_impl("auto", *args) == "triton"
     got = parallel_draft_attention(*args)
-    want = parallel_draft_attention_torch(*args)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=2**-7)  # same inputs, fp32 math, bf16 out
+    ref = parallel_draft_attention_torch(*[a.float() if a.is_floating_point() else a for a in args])
+    # Not bit-equal to the twin: the upcast kernel's P @ V runs on TF32 tensor cores, which round the
+    # fp32 probabilities to 10 mantissa bits (~5e-4 on the output; some bf16 outputs flip by an ulp).
+    err = (got.float() - ref.float()).abs().max().item()
+    base = (_sdpa_in_dtype(*args).float() - ref.float()).abs().max().item()
+    assert err <= 2 * base + ATOL[torch.bfloat16], (err, base)
 
 
 def _trees(B=64, V=152_064, widths=(4, 8, 8, 6, 4, 1), seed=0):

@@ -174,6 +174,25 @@ def test_max_minutes_fits_the_run_and_a_resume_keeps_the_fitted_length(workdir, 
     assert _log(out)[-1]["step"] == steps
 
 
+def test_max_minutes_refits_from_the_steps_after_warm_up(workdir, monkeypatch, capsys):
+    import re
+
+    import peagle.train.trainer as trainer
+
+    root, _ = workdir
+    batch = trainer.global_batch
+    # the first steps slow (warming caches), the rest fast: the fit at warm-up undercounts the steps
+    monkeypatch.setattr(trainer, "global_batch", lambda step, *a: (time.sleep(0.4 if step < 2 else 0.02),
+                                                                   batch(step, *a))[1])
+    out = root / "refit"
+    assert train_main(_args(root, "peagle", out, "--max-depth", "3", "--max-steps", "400",
+                            "--max-minutes", "0.1", "--checkpoint-every", "1000")) == 0
+    fits = [int(n) for n in re.findall(r"--max-minutes 0.1: [0-9.]+ s a step -> (\d+) steps", capsys.readouterr().out)]
+    assert len(fits) == 2 and fits[1] > fits[0], fits  # refitted once, to the faster pace
+    assert _log(out)[-1]["step"] == fits[1] < 400
+    assert _log(out)[-1]["lr"] == pytest.approx(3e-3 * 0.1)
+
+
 @pytest.mark.parametrize("minutes", ["0", "-1"])
 def test_max_minutes_must_be_positive(workdir, minutes):
     root, _ = workdir

@@ -147,6 +147,7 @@ class CosineSchedule:
 
     def __init__(self, warmup_steps: int, total_steps: int, min_lr_ratio: float):
         self.warmup_steps, self.total_steps, self.min_lr_ratio = warmup_steps, total_steps, min_lr_ratio
+        self.max_total = total_steps  # a time fit never runs past the length asked for (--max-steps)
         self.fitted = False  # total_steps was set by --max-minutes
 
     def __call__(self, step: int) -> float:
@@ -166,10 +167,10 @@ def make_optimizer(cfg: TrainConfig, head, total_steps: int):
 
 
 def fit_to_minutes(schedule: CosineSchedule, done: int, seconds_per_step: float, seconds_left: float) -> int:
-    """Shorten ``schedule`` to the steps ``seconds_left`` allows at ``seconds_per_step`` (never past
-    its current end, never before ``done``); returns the new total."""
+    """Set ``schedule``'s length to the steps ``seconds_left`` allows at ``seconds_per_step`` (never
+    past the length it was made with, never before ``done``); returns the new total."""
     extra = max(0, int(seconds_left / max(seconds_per_step, 1e-9)))
-    schedule.total_steps = min(schedule.total_steps, done + extra)
+    schedule.total_steps = min(getattr(schedule, "max_total", schedule.total_steps), done + extra)
     schedule.fitted = True
     return schedule.total_steps
 
@@ -346,8 +347,10 @@ def train(cfg: TrainConfig, target=None) -> Path:
     if cfg.reschedule:
         schedule.total_steps, schedule.fitted = total_steps, False
     # --max-minutes: time the steps up to the end of warm-up (the rate there does not depend on the
-    # run's length), then fit the length to the minutes left
+    # run's length), fit the length to the minutes left, then refit once from the steps after the
+    # fit (the first steps run slower: allocator and kernel caches still warming)
     fit_at = max(cfg.warmup_steps, start + 2) if cfg.max_minutes and not schedule.fitted else None
+    refit_at = t_fit = None
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
@@ -392,12 +395,15 @@ def train(cfg: TrainConfig, target=None) -> Path:
             _release_freed_memory()
         now = time.perf_counter()
         t_first = now if done == start + 1 else t_first  # the first step (warm caches, compiles) is not timed
-        if done == fit_at:
-            timing = torch.tensor([(now - t_first) / (done - start - 1), cfg.max_minutes * 60 - (now - t_begin)])
+        if done in (fit_at, refit_at):
+            since, t_since = (start + 1, t_first) if done == fit_at else (fit_at, t_fit)
+            timing = torch.tensor([(now - t_since) / (done - since), cfg.max_minutes * 60 - (now - t_begin)])
             # every process must pick the same length: they fit to their mean clock
             timing = accelerator.reduce(timing.to(device), reduction="mean").cpu() if world > 1 else timing
             total = fit_to_minutes(schedule, done, float(timing[0]), float(timing[1]))
             accelerator.print(f"--max-minutes {cfg.max_minutes}: {float(timing[0]):.3f} s a step -> {total} steps")
+            if done == fit_at and total - done >= 8:
+                refit_at, t_fit = done + (total - done) // 4, now
         if accelerator.is_main_process and logged:
             n = depth_stats[2].clamp_min(1)
             rec = {"step": done, "loss": round(float(objective), 6), "lr": sched.get_last_lr()[0],

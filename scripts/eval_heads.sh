@@ -5,6 +5,7 @@
 #   bash scripts/eval_heads.sh                                   # the shipped heads
 #   PEAGLE=runs/peagle/final EAGLE3=runs/eagle3/final OUT=runs/eval-v1 bash scripts/eval_heads.sh
 #   ARMS=eagle3 EAGLE3=runs/eagle3-long/final PARALLEL=0 OUT=runs/eval-e3 bash scripts/eval_heads.sh   # one head, one core
+#   DTYPE=float32 ...                                            # the target's dtype (default: auto)
 #
 # Acceptance is a property of (target, head, prompts), not of the batch, so the prompts run in
 # large ragged batches (41 and 40: every prompt exactly once) for speed; the two datasets run in
@@ -22,7 +23,7 @@ NUM_MT=${NUM_MT:-80}
 BS_HE=${BS_HE:-41}
 BS_MT=${BS_MT:-40}
 mkdir -p "$OUT"
-common=(--arms "${ARMS:-peagle,eagle3}" --draft-k "${DRAFT_K:-3,7}" --max-new-tokens 128 --warmup 0 --repeats 1 --threads 1 "${HEADS[@]}")
+common=(--arms "${ARMS:-peagle,eagle3}" --draft-k "${DRAFT_K:-3,7}" --max-new-tokens 128 --warmup 0 --repeats 1 --threads 1 ${DTYPE:+--dtype "$DTYPE"} "${HEADS[@]}")
 "$PY" -m peagle.cli bench "${common[@]}" --datasets humaneval --num-prompts "$NUM_HE" --batch-sizes "$BS_HE" \
     --out "$OUT/humaneval" > "$OUT/humaneval.log" 2>&1 &
 [ "${PARALLEL:-1}" = 1 ] || wait  # PARALLEL=0: one dataset after the other (one core)

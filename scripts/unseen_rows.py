@@ -6,9 +6,10 @@ The stages of the shipped EAGLE-3 head on `data/smollm2-v2` (docs/results.md, "T
 
     python scripts/unseen_rows.py --data data/smollm2-v2 --shards 1-42 --max-len 1024 --batch-size 8 \\
         --stage 1-21:500:11 --stage 22-35:560:12 --stage 36-42,1-12:520:14 --stage 13-21:460:16 \\
-        --out data/smollm2-v2/unseen_eagle3.json
+        --stage 1-42:285x16:21 --stage 1-42:540x32:32 --out data/smollm2-v2/unseen_eagle3.json
 
-A stage is SHARDS:STEPS:SEED, or SHARDS:STEPS:SEED:ROWFILE for a stage that itself trained with --rows.
+A stage is SHARDS:STEPS:SEED, or SHARDS:STEPS:SEED:ROWFILE for a stage that itself trained with --rows;
+STEPSxBATCH gives a stage its own batch size (default --batch-size).
 """
 from __future__ import annotations
 
@@ -20,10 +21,14 @@ from peagle.train.shards import parse_shards
 
 def parse_stage(spec: str) -> dict:
     parts = spec.split(":")
-    if len(parts) not in (3, 4) or not parts[1].isdigit() or not parts[2].lstrip("-").isdigit():
-        raise ValueError(f"--stage must be SHARDS:STEPS:SEED[:ROWFILE], got {spec!r}")
+    steps, _, batch = parts[1].partition("x") if len(parts) > 1 else ("", "", "")
+    if (len(parts) not in (3, 4) or not steps.isdigit() or not (batch == "" or batch.isdigit() and int(batch) > 0)
+            or not parts[2].lstrip("-").isdigit()):
+        raise ValueError(f"--stage must be SHARDS:STEPS[xBATCH]:SEED[:ROWFILE], got {spec!r}")
     parse_shards(parts[0])
-    stage = {"shards": parts[0], "steps": int(parts[1]), "seed": int(parts[2])}
+    stage = {"shards": parts[0], "steps": int(steps), "seed": int(parts[2])}
+    if batch:
+        stage["batch_size"] = int(batch)
     if len(parts) == 4:
         stage["rows"] = parts[3]
     return stage
@@ -34,13 +39,13 @@ def main() -> None:
     ap.add_argument("--data", required=True)
     ap.add_argument("--shards", default=None, help="the shards the next stage may draw from (default: all)")
     ap.add_argument("--max-len", type=int, default=1024)
-    ap.add_argument("--batch-size", type=int, default=8, help="the stages' batch size")
-    ap.add_argument("--stage", action="append", default=[], help="SHARDS:STEPS:SEED[:ROWFILE], once per stage")
+    ap.add_argument("--batch-size", type=int, default=8, help="the batch size of stages that name none")
+    ap.add_argument("--stage", action="append", default=[], help="SHARDS:STEPS[xBATCH]:SEED[:ROWFILE], once per stage")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if args.max_len < 2 or args.batch_size < 1:
         raise ValueError(f"--max-len must be >= 2 and --batch-size >= 1, got {args.max_len}, {args.batch_size}")
-    stages = [{**parse_stage(s), "batch_size": args.batch_size} for s in args.stage]
+    stages = [{"batch_size": args.batch_size, **parse_stage(s)} for s in args.stage]
     total = len(training_rows(args.data, args.max_len, args.shards))
     left = unseen_rows(args.data, args.shards, args.max_len, stages)
     write_row_file(args.out, left, data=args.data, shards=args.shards, max_len=args.max_len, stages=stages)

@@ -22,6 +22,19 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}") from None
 
 
+def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """Cast ``model``'s floating parameters to ``dtype`` in place; buffers keep their dtype.
+
+    ``model.to(dtype)`` would also round the rotary inverse frequencies (an fp32 buffer) to bf16,
+    which moves every position a little: the target would no longer be the one
+    ``from_pretrained(..., dtype=bfloat16)`` builds, and it drafts and decodes differently.
+    """
+    for p in model.parameters():
+        if p.is_floating_point():
+            p.data = p.data.to(dtype)
+    return model
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """The canonical name of a torch dtype ("float32" for torch.float32)."""
     for name in DTYPE_NAMES:

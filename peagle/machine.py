@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from .dtypes import DTYPES
+from .dtypes import DTYPES, cast_parameters
 from .forward_cost import measure_interleaved
 
 #: /proc/cpuinfo flags that decide how fast a bf16 or fp32 matmul runs
@@ -217,7 +217,7 @@ def measure_costs(target, rounds: int = 5) -> dict:
     ids = target.aux_layer_ids
     target.remove_hooks()  # a deep copy would carry hooks that point at this target
     try:
-        twin = copy.deepcopy(target.model).to(torch.bfloat16)
+        twin = cast_parameters(copy.deepcopy(target.model), torch.bfloat16)
     finally:
         target.set_aux_layer_ids(ids)
     twin_target = type(target)(twin, target.tokenizer, aux_layer_ids=ids)

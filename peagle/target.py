@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from . import machine
+from .dtypes import cast_parameters
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
@@ -116,7 +117,7 @@ class Target:
         target = cls(model, tokenizer, aux_layer_ids=aux_layer_ids)
         if reason is None:  # not measured on this machine yet: measure the float32 model and a bf16 copy
             choice = machine.auto_dtype_cpu(target, use_cache=False)
-            model.to(choice.dtype)
+            cast_parameters(model, choice.dtype)  # as from_pretrained(dtype=...) would have made it
             reason = choice.reason
         target.dtype_reason = reason
         return target

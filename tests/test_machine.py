@@ -108,3 +108,25 @@ def test_parse_dtype():
     assert machine.parse_dtype("auto") == "auto" and machine.parse_dtype(None) == "auto"
     with pytest.raises(ValueError, match="dtype"):
         machine.parse_dtype("int8")
+
+
+def test_a_target_measured_on_first_load_is_the_one_later_loads_build(tmp_path, monkeypatch):
+    """The first "auto" load measures a float32 model and then casts it; the cast must give the
+    model that from_pretrained(dtype=bfloat16) builds, RoPE frequencies (an fp32 buffer) included."""
+    import transformers
+
+    from peagle.target import Target
+
+    monkeypatch.setenv("PEAGLE_CACHE", str(tmp_path / "cache"))
+    tiny_target().model.save_pretrained(tmp_path / "tiny")
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: None)
+    monkeypatch.setattr(machine, "auto_dtype_cpu",
+                        lambda target, use_cache=True: machine.DtypeChoice(torch.bfloat16, "bfloat16: test"))
+    measured = Target.from_pretrained(str(tmp_path / "tiny"), dtype="auto")
+    loaded = Target.from_pretrained(str(tmp_path / "tiny"), dtype=torch.bfloat16)
+    assert measured.dtype == loaded.dtype == torch.bfloat16
+    for (name, a), (_, b) in zip(measured.model.named_buffers(), loaded.model.named_buffers()):
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    ids = torch.randint(0, 200, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(measured.model(ids).logits, loaded.model(ids).logits)

@@ -211,6 +211,15 @@ def test_vllm_engine_streams_answers_chunk_by_chunk_and_a_killed_engine_keeps_th
         vllm_answers(settings, prompts, seed=0, chunk_prompts=0)
 
 
+def test_vllm_engine_samples_on_a_cpu_without_per_request_seeds(monkeypatch):
+    from peagle.train.data import GenerationSettings
+    from peagle.train.engine_vllm import vllm_answers
+
+    settings = GenerationSettings(target="some/model", dtype="float32", max_new_tokens=2, temperature=0.7)
+    _fake_vllm(monkeypatch)  # raises, as vLLM's CPU build does, on a seeded sampled request
+    assert vllm_answers(settings, [[1, 2, 3], [4]], seed=5) == [[6, 3], [4, 1]]
+
+
 def test_the_vllm_process_dies_with_peagle(monkeypatch, tmp_path):
     """A peagle killed by SIGKILL takes its vLLM process with it (no orphan keeps a core busy)."""
     import signal

@@ -119,12 +119,20 @@ def _serve(request_path: str, answers_path: str) -> None:
     extra = {"kv_cache_memory_bytes": 2 << 30} if on_cpu else {}  # the CPU build's memory check needs a number
     llm = LLM(model=r["model"], dtype=r["dtype"], max_model_len=r["max_model_len"], enforce_eager=on_cpu, seed=r["seed"],
               **extra)
-    params = SamplingParams(temperature=r["temperature"], top_p=r["top_p"], max_tokens=r["max_new_tokens"], seed=r["seed"],
-                            detokenize=False)
     prompts, size = r["prompts"], int(r["chunk_prompts"])
+
+    def params(i: int):
+        # Each request its own seed (seed, prompt index), so an answer does not depend on its chunk.
+        # vLLM's CPU build cannot seed a request ("CPU Generator does not use offset"): there the
+        # engine's seed drives sampling, and a resumed run samples other (equally valid) answers.
+        own = None if on_cpu or not r["temperature"] else r["seed"] * 1_000_003 + i
+        return SamplingParams(temperature=r["temperature"], top_p=r["top_p"], max_tokens=r["max_new_tokens"], seed=own,
+                              detokenize=False)
+
     with open(answers_path, "a") as f:
         for start in range(0, len(prompts), size):
-            outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts[start: start + size]], params)
+            chunk = range(start, min(start + size, len(prompts)))
+            outs = llm.generate([TokensPrompt(prompt_token_ids=prompts[i]) for i in chunk], [params(i) for i in chunk])
             for i, o in enumerate(outs, start):
                 f.write(json.dumps({"i": i, "answer": list(o.outputs[0].token_ids)}) + "\n")
             f.flush()

@@ -345,7 +345,8 @@ def train(cfg: TrainConfig, target=None) -> Path:
         accelerator.print(f"resumed from {ckpt} at step {start}")
     schedule = sched.lr_lambdas[0]  # a CosineSchedule, with the saved length if a checkpoint was loaded
     if cfg.reschedule:
-        schedule.total_steps, schedule.fitted = total_steps, False
+        schedule.total_steps = schedule.max_total = total_steps
+        schedule.fitted = False
     # --max-minutes: time the steps up to the end of warm-up (the rate there does not depend on the
     # run's length), fit the length to the minutes left, then refit once from the steps after the
     # fit (the first steps run slower: allocator and kernel caches still warming)

@@ -192,7 +192,8 @@ def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--max-minutes", type=float, default=None,
                    help="fit the run to this many minutes of training: the steps up to the end of warm-up are "
-                        "timed, then the cosine ends where the time runs out (at most --max-steps / --epochs); "
+                        "timed, then the cosine ends where the time runs out (at most --max-steps / --epochs), "
+                        "refitted once a quarter of the way in; "
                         "the fitted length is saved with the checkpoints, so a resumed run keeps it")
     p.add_argument("--reschedule", action="store_true",
                    help="resume with a new --max-steps / --epochs: the learning rate follows the new schedule from "

@@ -37,7 +37,7 @@ class TrainConfig:
     micro_batch_tokens: int = 4096  # tokens packed into one forward per process
     epochs: float = 1.0
     max_steps: int | None = None  # overrides epochs
-    max_minutes: float | None = None  # fit the run's length to this many minutes of steps (timed over the warm-up)
+    max_minutes: float | None = None  # fit the run's length to this many minutes of steps (peagle.train.trainer.fit_to_minutes)
     lr: float = 1e-3
     warmup_steps: int = 50
     min_lr_ratio: float = 0.1  # cosine decay to lr * min_lr_ratio

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from .. import kinds
+from ..dtypes import cast_parameters
 from ..target import Target
 
 #: shape shared by tiny_model's architectures
@@ -74,7 +75,7 @@ def tiny_target(hidden: int = 64, layers: int = 4, vocab: int = 256, heads: int 
                        hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
                        vocab_size=vocab, max_position_embeddings=1 << 15, bos_token_id=1, tie_word_embeddings=False)
-    return Target(model.to(dtype), None)
+    return Target(cast_parameters(model, dtype), None)
 
 
 class ByteTokenizer:
@@ -110,7 +111,7 @@ def byte_target(seed: int = 0, dtype: torch.dtype = torch.float32) -> Target:
     model = tiny_model("llama", seed, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                        num_hidden_layers=2, vocab_size=len(tok) + 5, max_position_embeddings=2048,
                        bos_token_id=tok.bos_token_id)
-    return Target(model.to(dtype), tok)
+    return Target(cast_parameters(model, dtype), tok)
 
 
 def tiny_head(target: Target, kind: str = "peagle", layers: int | None = None, max_draft_k: int = 4,

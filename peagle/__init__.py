@@ -1,7 +1,7 @@
 """peagle: P-EAGLE parallel speculative decoding for Hugging Face causal LMs."""
 from .checkpoint import load_drafter
 from .config import DrafterConfig
-from .drafters import DFlashConfig, DFlashDrafter, Draft, Drafter, DraftStep, Eagle3Drafter, NgramDrafter, PEagleDrafter
+from .drafters import DFlashConfig, DFlashDrafter, Draft, Drafter, DraftStep, Eagle3Drafter, NgramBranch, NgramDrafter, PEagleDrafter
 from .drafters.base import DrafterBase, TreeDrafter
 from .embedded import load_target
 from .fp8 import FP8Linear, load_fp8_state, quantize_fp8, save_fp8_state
@@ -31,6 +31,6 @@ __version__ = _version()
 
 __all__ = [
     "__version__", "DFlashConfig", "DFlashDrafter", "Draft", "Drafter", "DrafterBase", "TreeDrafter", "FP8Linear", "load_fp8_state", "quantize_fp8", "save_fp8_state", "DraftStep", "DrafterConfig", "Eagle3Drafter", "GenerationOutput",
-    "GenerationStats", "NgramDrafter", "PEagleDrafter", "SamplingParams", "Target", "TreeConfig", "generate",
+    "GenerationStats", "NgramBranch", "NgramDrafter", "PEagleDrafter", "SamplingParams", "Target", "TreeConfig", "generate",
     "load_drafter", "load_target",
 ]

@@ -25,7 +25,8 @@ def test_sampled_distribution_matches_target():
     target = peagle.Target(model)
     exact = exact_second_token(model, 0.8)
     drafter = peagle.PEagleDrafter(peagle.DrafterConfig.for_target(target, num_layers=1))
-    out = peagle.generate(target, drafter, [PROMPT] * N, draft_k=3, max_new_tokens=2, temperature=0.8, seed=7)
+    # 3 tokens: the prefill emits the first, one drafting cycle (draft_k capped at 1) the second
+    out = peagle.generate(target, drafter, [PROMPT] * N, draft_k=3, max_new_tokens=3, temperature=0.8, seed=7)
     second = torch.tensor([s[1] for s in out.sequences])
     emitted = torch.bincount(second, minlength=exact.numel()).float() / N
     # Null calibration: TV of N exact draws from `exact`, 20 times; allow 1.5x the worst of them.
@@ -33,7 +34,7 @@ def test_sampled_distribution_matches_target():
     null = [0.5 * (torch.bincount(torch.multinomial(exact, N, True, generator=g), minlength=exact.numel()).float() / N - exact).abs().sum().item() for _ in range(20)]
     got = 0.5 * (emitted - exact).abs().sum().item()
     assert got < 1.5 * max(null), (got, max(null))
-    assert out.stats.target_passes > 0
+    assert out.stats.accepted_tokens > N // 20  # the second token went through the verifier
 
 
 def test_same_seed_same_output():

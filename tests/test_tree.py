@@ -59,8 +59,13 @@ def test_sampled_tree_distribution_matches_target(kind):
     exact = exact_second_token(model, 0.8)
     n = 20_000
     drafter = parallel_drafter(kind, target)
-    out = peagle.generate(target, drafter, [PROMPT] * n, draft_k=2, max_new_tokens=2, temperature=0.8,
+    trees = []
+    real = drafter.draft_tree
+    drafter.draft_tree = lambda *a: trees.append(a[1]) or real(*a)
+    # 3 tokens: the prefill emits the first, one tree cycle (depth capped at 1: 6 siblings) the second
+    out = peagle.generate(target, drafter, [PROMPT] * n, draft_k=2, max_new_tokens=3, temperature=0.8,
                           seed=11, tree=peagle.TreeConfig("dynamic", num_nodes=6))
+    assert trees == [1]
     emitted = torch.bincount(torch.tensor([s[1] for s in out.sequences]), minlength=exact.numel()).float() / n
     g = torch.Generator().manual_seed(0)
     null = [0.5 * (torch.bincount(torch.multinomial(exact, n, True, generator=g), minlength=exact.numel()).float() / n - exact).abs().sum().item() for _ in range(20)]

@@ -9,10 +9,11 @@ from .dflash import DFlashConfig, DFlashDrafter, DFlashKind
 from .eagle3 import Eagle3Drafter, Eagle3Kind
 from .head import DraftHead
 from .ngram import NgramDrafter
+from .ngram_branch import NgramBranch
 from .peagle import PEagleDrafter, PEagleKind
 
 kinds.register(PEagleKind())
 kinds.register(Eagle3Kind())
 kinds.register(DFlashKind())
 
-__all__ = ["DFlashConfig", "DFlashDrafter", "Draft", "Drafter", "DraftStep", "DraftHead", "Eagle3Drafter", "NgramDrafter", "PEagleDrafter"]
+__all__ = ["DFlashConfig", "DFlashDrafter", "Draft", "Drafter", "DraftStep", "DraftHead", "Eagle3Drafter", "NgramBranch", "NgramDrafter", "PEagleDrafter"]

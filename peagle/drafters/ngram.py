@@ -26,10 +26,16 @@ class NgramDrafter(DrafterBase):
         return Draft(torch.tensor(rows, dtype=torch.long, device=step.tokens.device))
 
     def _lookup(self, seq: list[int], k: int) -> list[int]:
-        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
-            tail = seq[-n:]
-            for start in range(len(seq) - n - 1, -1, -1):  # most recent earlier match first
-                if seq[start:start + n] == tail:
-                    follow = seq[start + n:start + n + k]
-                    return follow + [follow[-1]] * (k - len(follow))
-        return [seq[-1]] * k
+        follow = lookup(seq, k, self.max_ngram, self.min_ngram)
+        return follow + [follow[-1] if follow else seq[-1]] * (k - len(follow))
+
+
+def lookup(seq: list[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
+    """Up to k tokens that followed the most recent earlier occurrence of seq's last n tokens, for the
+    longest n in [min_ngram, max_ngram] that occurs; [] when none does."""
+    for n in range(min(max_ngram, len(seq) - 1), min_ngram - 1, -1):
+        tail = seq[-n:]
+        for start in range(len(seq) - n - 1, -1, -1):  # most recent earlier match first
+            if seq[start:start + n] == tail:
+                return seq[start + n:start + n + k]
+    return []

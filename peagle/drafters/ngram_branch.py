@@ -1,0 +1,97 @@
+"""A learned drafter's tree with one more branch: the n-gram (prompt-lookup) continuation.
+
+A learned head is good at the next few tokens of new text; prompt lookup is good at long runs the
+answer copies from its context (a function signature from the prompt, a repeated identifier), and
+costs nothing to draft. ``NgramBranch`` puts both in one tree: the wrapped drafter's tree, ``learned_depth``
+deep, and the tokens that followed the most recent earlier occurrence of the context's last
+``min_ngram``..``max_ngram`` tokens, up to the cycle's full depth, spliced in as a path from the root
+(it shares the learned nodes it agrees with). The node budget stays the tree's: n-gram nodes take the
+places of the learned tree's last (least likely) nodes, so a cycle verifies no more tokens than
+without the branch. The branch is a deterministic proposal, like every node of a learned tree, so
+the tree verifier stays exact (greedy and sampling).
+
+    drafter = peagle.NgramBranch(peagle.load_drafter("eagle3", target=target))
+    peagle.generate(target, drafter, prompts, draft_k=7, tree=peagle.TreeConfig(num_nodes="auto"))
+
+draft_k is the tree's depth, the n-gram branch's longest; the learned part is ``learned_depth`` deep.
+Without a tree (``generate(tree=None)``) it drafts the wrapped drafter's chain unchanged.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..tree import DraftTree, TreeConfig, tree_from_nodes
+from .base import Draft, DraftStep, TreeDrafter
+from .ngram import lookup
+
+
+class NgramBranch:
+    """Wraps a :class:`peagle.TreeDrafter`; see the module docstring."""
+
+    def __init__(self, drafter: TreeDrafter, learned_depth: int = 3, min_ngram: int = 2, max_ngram: int = 3):
+        if not hasattr(drafter, "draft_tree"):
+            raise ValueError(f"drafter must be a peagle.TreeDrafter (it builds the tree the branch joins), "
+                             f"got {type(drafter).__name__}")
+        if learned_depth < 1:
+            raise ValueError(f"learned_depth must be >= 1, got {learned_depth}")
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"min_ngram/max_ngram must satisfy 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.drafter, self.learned_depth = drafter, learned_depth
+        self.min_ngram, self.max_ngram = min_ngram, max_ngram
+
+    @property
+    def max_draft_k(self) -> int | None:
+        return self.drafter.max_draft_k
+
+    def bind(self, target) -> None:
+        self.drafter.bind(target)
+
+    def reset(self, batch_size: int) -> None:
+        self.drafter.reset(batch_size)
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        self.drafter.select_rows(index)
+
+    def draft(self, step: DraftStep, draft_k: int) -> Draft:
+        return self.drafter.draft(step, draft_k)
+
+    def draft_tree(self, step: DraftStep, depth: int, config: TreeConfig) -> DraftTree:
+        """The wrapped drafter's tree (``min(depth, learned_depth)`` deep) with each row's n-gram
+        continuation (up to ``depth`` tokens) spliced in, within the tree's node count."""
+        tree = self.drafter.draft_tree(step, min(depth, self.learned_depth), config)
+        parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+        rows, changed = [], False
+        for b, (seq, n) in enumerate(zip(step.history.tolist(), step.history_lens.tolist())):
+            learned = [(p, t) for p, t in zip(parents[b][1:], tokens[b][1:]) if p >= 0]
+            follow = lookup(seq[:n], depth, self.max_ngram, self.min_ngram)
+            rows.append(splice_within(learned, follow, budget=len(learned)) if follow else learned)
+            changed |= rows[-1] != learned
+        if not changed:
+            return tree
+        return tree_from_nodes(rows, tree.tokens[:, 0], tree.tokens.device)
+
+
+def splice(nodes: list[tuple[int, int]], follow: list[int]) -> list[tuple[int, int]]:
+    """nodes (parent, token) of a tree (root 0 implicit, parents precede children) with the path
+    ``follow`` from the root added: it walks existing nodes while they agree, then appends."""
+    children = {}
+    for i, (p, t) in enumerate(nodes, start=1):
+        children.setdefault((p, t), i)
+    out, cur = list(nodes), 0
+    for t in follow:
+        nxt = children.get((cur, t))
+        if nxt is None:
+            out.append((cur, t))
+            nxt = children[(cur, t)] = len(out)
+        cur = nxt
+    return out
+
+
+def splice_within(learned: list[tuple[int, int]], follow: list[int], budget: int) -> list[tuple[int, int]]:
+    """``splice`` within ``budget`` nodes: drop learned nodes from the end of a best-first list (every
+    prefix of it is a tree) until the branch fits, keeping at least the first; then cut the branch."""
+    for keep in range(len(learned), -1, -1):
+        out = splice(learned[:keep], follow)
+        if len(out) <= budget or keep <= 1:
+            return out[:max(budget, 1)]
+    return out[:max(budget, 1)]

@@ -1,0 +1,120 @@
+"""NgramBranch: a learned tree plus the n-gram continuation, within the same node budget; exact."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import peagle
+from peagle.drafters.ngram_branch import splice, splice_within
+from peagle.tree import tree_from_nodes
+from tiny_models import hf_greedy, tiny_model
+
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [3, 4, 3, 4, 3], [100, 101, 102, 103, 104]]
+
+
+@functools.lru_cache(maxsize=None)
+def setup(arch):
+    model = tiny_model(arch)
+    return peagle.Target(model), [hf_greedy(model, p, 41) for p in PROMPTS]
+
+
+class WrongTreeDrafter(peagle.drafters.base.DrafterBase):
+    """A tree drafter whose every node is wrong: a chain of (last token + 1) (mod V)... repeated."""
+
+    def __init__(self, vocab_size):
+        self.vocab_size = vocab_size
+        self.trees = 0
+
+    def draft_tree(self, step, depth, config):
+        self.trees += 1
+        root = step.history.gather(1, (step.history_lens - 1)[:, None]).squeeze(1)
+        n = min(depth, config.num_nodes)
+        rows = [[(i, (r + 1) % self.vocab_size) for i in range(n)] for r in root.tolist()]
+        return tree_from_nodes(rows, root, root.device)
+
+
+def test_splice_shares_the_nodes_it_agrees_with():
+    learned = [(0, 10), (0, 11), (1, 20), (3, 30)]  # root -> 10 -> 20 -> 30, root -> 11
+    assert splice(learned, [10, 20, 31, 40]) == learned + [(3, 31), (5, 40)]
+    assert splice(learned, [12]) == learned + [(0, 12)]
+    assert splice(learned, [10, 20, 30]) == learned  # already there: nothing added
+
+
+def test_splice_within_keeps_the_budget_and_the_best_learned_node():
+    learned = [(0, 10), (0, 11), (1, 20), (3, 30)]
+    out = splice_within(learned, [12, 13], budget=4)  # drops the two least likely learned nodes
+    assert out == [(0, 10), (0, 11), (0, 12), (3, 13)]
+    out = splice_within(learned, [12, 13, 14, 15, 16], budget=4)  # keeps node 1, cuts the branch
+    assert out == [(0, 10), (0, 12), (2, 13), (3, 14)]
+    assert splice_within(learned, [10, 20, 30, 40], budget=4) == [(0, 10), (1, 20), (2, 30), (3, 40)]
+    for follow in ([12], [10, 21, 22], [1, 2, 3, 4, 5, 6, 7]):
+        for budget in (1, 2, 4):
+            out = splice_within(learned[:budget], follow, budget)
+            assert len(out) <= budget and all(p < i for i, (p, _) in enumerate(out, start=1))
+            assert len(set(out)) == len(out)  # siblings distinct: the verifier's precondition
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_greedy_matches_plain(arch):
+    target, reference = setup(arch)
+    for inner in (peagle.Eagle3Drafter, peagle.PEagleDrafter):
+        drafter = peagle.NgramBranch(inner(peagle.DrafterConfig.for_target(target, num_layers=1)))
+        for nodes in (4, "auto"):
+            out = peagle.generate(target, drafter, PROMPTS, draft_k=7, max_new_tokens=41,
+                                  tree=peagle.TreeConfig("dynamic", num_nodes=nodes))
+            assert out.sequences == reference, (arch, inner, nodes)
+
+
+def test_the_branch_is_accepted_where_the_learned_tree_is_not():
+    target, reference = setup("llama")
+    alone = peagle.generate(target, WrongTreeDrafter(target.vocab_size), PROMPTS, draft_k=5, max_new_tokens=41,
+                            tree=peagle.TreeConfig("dynamic", num_nodes=6))
+    assert alone.sequences == reference and alone.stats.accepted_tokens == 0
+    inner = WrongTreeDrafter(target.vocab_size)
+    out = peagle.generate(target, peagle.NgramBranch(inner, min_ngram=1), PROMPTS, draft_k=5, max_new_tokens=41,
+                          tree=peagle.TreeConfig("dynamic", num_nodes=6))
+    assert out.sequences == reference and inner.trees > 0
+    assert out.stats.accepted_tokens > 0  # greedy continuations of a random model repeat themselves
+
+
+def test_without_a_tree_it_drafts_the_wrapped_chain():
+    target, reference = setup("llama")
+    inner = peagle.Eagle3Drafter(peagle.DrafterConfig.for_target(target, num_layers=1))
+    a = peagle.generate(target, inner, PROMPTS, draft_k=3, max_new_tokens=20)
+    b = peagle.generate(target, peagle.NgramBranch(inner), PROMPTS, draft_k=3, max_new_tokens=20)
+    assert a.sequences == b.sequences and a.stats.accepted_per_cycle == b.stats.accepted_per_cycle
+
+
+def test_sampled_tree_with_a_branch_keeps_the_target_distribution(monkeypatch):
+    from test_sampling_e2e import PROMPT, exact_second_token
+
+    model = tiny_model("llama")
+    target = peagle.Target(model)
+    exact = exact_second_token(model, 0.8)
+    likely = exact.topk(2).indices.tolist()
+    # a deterministic branch that is often right at depth 1, so the spliced nodes are tested
+    monkeypatch.setattr("peagle.drafters.ngram_branch.lookup", lambda seq, k, *a: likely[:k])
+    n = 20_000
+    drafter = peagle.NgramBranch(peagle.PEagleDrafter(peagle.DrafterConfig.for_target(target, num_layers=1)))
+    # 3 tokens: the prefill emits the first, one tree cycle (depth capped at 1) the second
+    out = peagle.generate(target, drafter, [PROMPT] * n, draft_k=2, max_new_tokens=3, temperature=0.8,
+                          seed=11, tree=peagle.TreeConfig("dynamic", num_nodes=4))
+    assert out.stats.accepted_tokens > n // 100
+    emitted = torch.bincount(torch.tensor([s[1] for s in out.sequences]), minlength=exact.numel()).float() / n
+    g = torch.Generator().manual_seed(0)
+    null = [0.5 * (torch.bincount(torch.multinomial(exact, n, True, generator=g), minlength=exact.numel()).float() / n
+                   - exact).abs().sum().item() for _ in range(20)]
+    assert 0.5 * (emitted - exact).abs().sum().item() < 1.5 * max(null)
+
+
+def test_bad_arguments_name_themselves():
+    with pytest.raises(ValueError, match="TreeDrafter"):
+        peagle.NgramBranch(peagle.NgramDrafter())
+    target, _ = setup("llama")
+    inner = peagle.Eagle3Drafter(peagle.DrafterConfig.for_target(target, num_layers=1))
+    with pytest.raises(ValueError, match="learned_depth"):
+        peagle.NgramBranch(inner, learned_depth=0)
+    with pytest.raises(ValueError, match="min_ngram"):
+        peagle.NgramBranch(inner, min_ngram=3, max_ngram=2)

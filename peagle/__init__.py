@@ -1,7 +1,17 @@
 """peagle: P-EAGLE parallel speculative decoding for Hugging Face causal LMs."""
 from .checkpoint import load_drafter
 from .config import DrafterConfig
-from .drafters import DFlashConfig, DFlashDrafter, Draft, Drafter, DraftStep, Eagle3Drafter, NgramBranch, NgramDrafter, PEagleDrafter
+from .drafters import (
+    DFlashConfig,
+    DFlashDrafter,
+    Draft,
+    Drafter,
+    DraftStep,
+    Eagle3Drafter,
+    NgramBranch,
+    NgramDrafter,
+    PEagleDrafter,
+)
 from .drafters.base import DrafterBase, TreeDrafter
 from .embedded import load_target
 from .fp8 import FP8Linear, load_fp8_state, quantize_fp8, save_fp8_state

@@ -333,5 +333,6 @@ def test_one_table_of_arms_drives_bench_report_and_demo():
     assert all(a.drafter in DRAFTERS and a.drafts for a in ARMS.values() if a.drafter)
     assert all(a.drafter for a in ARMS.values() if a.tree)  # a tree arm drafts with a head
     assert len({a.colour for a in ARMS.values()}) == len(ARMS) and len({a.label for a in ARMS.values()}) == len(ARMS)
-    assert [a.name for a in demo_arms()] == ["eagle3", "peagle", "peagle_tree", "eagle3_tree", "ngram", "dflash"]
+    assert [a.name for a in demo_arms()] == ["eagle3", "peagle", "peagle_tree", "eagle3_tree", "peagle_tree_ngram",
+                                            "eagle3_tree_ngram", "ngram", "dflash"]
     assert [a.name for a in ARMS.values() if not a.exact] == ["llamacpp", "llamacpp_prompt_lookup"]

@@ -30,6 +30,7 @@ def test_demo_runs_auto_beside_the_best_fixed_k_and_checks_identity(capsys):
     assert [(r[0], r[1].split(" (")[0]) for r in rows] == [
         ("| plain", "-"), ("| EAGLE-3", "auto"), ("| EAGLE-3", "3"), ("| P-EAGLE", "auto"), ("| P-EAGLE", "3"),
         ("| P-EAGLE tree", "3, auto tree"), ("| EAGLE-3 tree", "3, auto tree"),
+        ("| P-EAGLE tree + n-gram", "7, auto tree"), ("| EAGLE-3 tree + n-gram", "7, auto tree"),
         ("| n-gram", "auto"), ("| n-gram", "3")]
     assert all(r[-1] == "yes |" for r in rows[1:])  # checked token by token, all identical (float32)
     splits = [[float(x) for x in r[5].split(" + ")] for r in rows]

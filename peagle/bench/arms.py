@@ -47,6 +47,7 @@ class Arm:
     drafts: bool = False  # takes a draft_k
     auto: bool = True  # a drafting arm that also takes draft_k="auto"
     tree: bool = False  # a dynamic tree, draft_k deep, ArmSpec.tree_nodes nodes (or "auto": TreeSizePolicy)
+    ngram_branch: bool = False  # tree arms: peagle.NgramBranch adds the n-gram continuation to the drafter's tree
     default: bool = True  # run by `peagle bench` without --arms (optional heads and peers only on request)
     demo: DemoPlan | None = None  # shown by `peagle demo`
 
@@ -59,20 +60,25 @@ class Arm:
 
 #: Every arm, in the order --arms lists them and the report sorts them. The demo's fixed_k is the best
 #: fixed draft_k measured on the 2-core CPU (K=3 for every drafter at concurrency 1, docs/benchmarks.md);
-#: a tree's depth likewise (3 beat 5 for both heads on an AMX Xeon).
+#: a tree's depth likewise (3 beat 5 for both heads on an AMX Xeon). A tree with an n-gram branch is 7
+#: deep (the branch's longest; the learned part stays NgramBranch's learned_depth, 3).
 #: A new arm is one more entry here (and, if it brings a new drafter, one in DRAFTERS).
 ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("plain", "plain", "tab:gray", "peagle"),
     Arm("eagle3", "EAGLE-3", "tab:orange", "peagle", "eagle3", drafts=True, demo=DemoPlan(1, fixed_k=3)),
     Arm("peagle", "P-EAGLE", "tab:green", "peagle", "peagle", drafts=True, demo=DemoPlan(2, fixed_k=3)),
-    Arm("ngram", "n-gram", "tab:red", "peagle", "ngram", drafts=True, demo=DemoPlan(5, fixed_k=3)),
+    Arm("ngram", "n-gram", "tab:red", "peagle", "ngram", drafts=True, demo=DemoPlan(7, fixed_k=3)),
     Arm("hf_generate", "HF generate", "tab:purple", "hf"),
     Arm("hf_prompt_lookup", "HF prompt lookup", "tab:brown", "hf", drafts=True, auto=False),
     Arm("peagle_tree", "P-EAGLE tree", "tab:olive", "peagle", "peagle", drafts=True, tree=True,
         demo=DemoPlan(3, tree_depth=3)),
     Arm("eagle3_tree", "EAGLE-3 tree", "tab:pink", "peagle", "eagle3", drafts=True, tree=True,
         demo=DemoPlan(4, tree_depth=3)),
-    Arm("dflash", "DFlash", "tab:blue", "peagle", "dflash", drafts=True, default=False, demo=DemoPlan(6)),
+    Arm("peagle_tree_ngram", "P-EAGLE tree + n-gram", "darkolivegreen", "peagle", "peagle", drafts=True, tree=True,
+        ngram_branch=True, default=False, demo=DemoPlan(5, tree_depth=7)),
+    Arm("eagle3_tree_ngram", "EAGLE-3 tree + n-gram", "deeppink", "peagle", "eagle3", drafts=True, tree=True,
+        ngram_branch=True, default=False, demo=DemoPlan(6, tree_depth=7)),
+    Arm("dflash", "DFlash", "tab:blue", "peagle", "dflash", drafts=True, default=False, demo=DemoPlan(8)),
     Arm("llamacpp", "llama.cpp", "tab:cyan", "llamacpp", default=False),
     Arm("llamacpp_prompt_lookup", "llama.cpp prompt lookup", "black", "llamacpp", drafts=True, auto=False,
         default=False),
@@ -263,6 +269,8 @@ class ArmRunner:
 
     def _peagle(self, spec, prompts, max_new_tokens, temperature, seed, policy) -> CallResult:
         drafter = self.drafters[ARMS[spec.arm].drafter] if ARMS[spec.arm].drafter else None
+        if ARMS[spec.arm].ngram_branch:
+            drafter = peagle.NgramBranch(drafter)
         sized = isinstance(policy, TreeSizePolicy)  # the policy (kept across calls) sizes the tree
         draft_k = policy if spec.draft_k == "auto" else (spec.draft_k or 1)
         start = len(policy.history) if policy is not None else 0

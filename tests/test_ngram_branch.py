@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import peagle
-from peagle.drafters.ngram_branch import splice, splice_within
+from peagle.drafters.ngram_branch import branch_first, splice
 from peagle.tree import tree_from_nodes
 from tiny_models import hf_greedy, tiny_model
 
@@ -37,23 +37,31 @@ class WrongTreeDrafter(peagle.drafters.base.DrafterBase):
 
 def test_splice_shares_the_nodes_it_agrees_with():
     learned = [(0, 10), (0, 11), (1, 20), (3, 30)]  # root -> 10 -> 20 -> 30, root -> 11
-    assert splice(learned, [10, 20, 31, 40]) == learned + [(3, 31), (5, 40)]
-    assert splice(learned, [12]) == learned + [(0, 12)]
-    assert splice(learned, [10, 20, 30]) == learned  # already there: nothing added
+    assert splice(learned, [10, 20, 31, 40]) == (learned + [(3, 31), (5, 40)], [1, 3, 5, 6])
+    assert splice(learned, [12]) == (learned + [(0, 12)], [5])
+    assert splice(learned, [10, 20, 30]) == (learned, [1, 3, 4])  # already there: nothing added
 
 
-def test_splice_within_keeps_the_budget_and_the_best_learned_node():
+def _paths(nodes):
+    """Every root-to-node token path of a tree: its meaning whatever the numbering."""
+    paths = []
+    for p, t in nodes:
+        paths.append((paths[p - 1] if p else ()) + (t,))
+    return set(paths)
+
+
+def test_branch_first_orders_best_learned_node_then_branch_then_the_rest():
     learned = [(0, 10), (0, 11), (1, 20), (3, 30)]
-    out = splice_within(learned, [12, 13], budget=4)  # drops the two least likely learned nodes
-    assert out == [(0, 10), (0, 11), (0, 12), (3, 13)]
-    out = splice_within(learned, [12, 13, 14, 15, 16], budget=4)  # keeps node 1, cuts the branch
-    assert out == [(0, 10), (0, 12), (2, 13), (3, 14)]
-    assert splice_within(learned, [10, 20, 30, 40], budget=4) == [(0, 10), (1, 20), (2, 30), (3, 40)]
-    for follow in ([12], [10, 21, 22], [1, 2, 3, 4, 5, 6, 7]):
-        for budget in (1, 2, 4):
-            out = splice_within(learned[:budget], follow, budget)
+    assert branch_first(learned, [12, 13], budget=4) == [(0, 10), (0, 12), (2, 13), (0, 11)]
+    assert branch_first(learned, [12, 13, 14, 15, 16], budget=4) == [(0, 10), (0, 12), (2, 13), (3, 14)]
+    assert branch_first(learned, [10, 20, 30, 40], budget=4) == [(0, 10), (1, 20), (2, 30), (3, 40)]
+    for follow in ([12], [10, 21, 22], [11, 5], [1, 2, 3, 4, 5, 6, 7]):
+        full = branch_first(learned, follow, 4)
+        for budget in (1, 2, 3, 4):
+            out = branch_first(learned[:budget], follow, budget)
             assert len(out) <= budget and all(p < i for i, (p, _) in enumerate(out, start=1))
-            assert len(set(out)) == len(out)  # siblings distinct: the verifier's precondition
+            assert len(_paths(out)) == len(out)  # siblings distinct: the verifier's precondition
+            assert _paths(out) == _paths(full[:budget])  # a smaller budget's tree is a prefix
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

@@ -5,9 +5,10 @@ answer copies from its context (a function signature from the prompt, a repeated
 costs nothing to draft. ``NgramBranch`` puts both in one tree: the wrapped drafter's tree, ``learned_depth``
 deep, and the tokens that followed the most recent earlier occurrence of the context's last
 ``min_ngram``..``max_ngram`` tokens, up to the cycle's full depth, spliced in as a path from the root
-(it shares the learned nodes it agrees with). The node budget stays the tree's: n-gram nodes take the
-places of the learned tree's last (least likely) nodes, so a cycle verifies no more tokens than
-without the branch. The branch is a deterministic proposal, like every node of a learned tree, so
+(it shares the learned nodes it agrees with). The node budget stays the tree's: the nodes are
+ordered the learned tree's best node, the branch, the other learned nodes, and cut at the budget,
+so a cycle verifies no more tokens than without the branch, and a smaller budget's tree is a
+prefix of a larger one's (``peagle.autotree`` sizes trees by that). The branch is a deterministic proposal, like every node of a learned tree, so
 the tree verifier stays exact (greedy and sampling).
 
     drafter = peagle.NgramBranch(peagle.load_drafter("eagle3", target=target))
@@ -64,34 +65,37 @@ class NgramBranch:
         for b, (seq, n) in enumerate(zip(step.history.tolist(), step.history_lens.tolist())):
             learned = [(p, t) for p, t in zip(parents[b][1:], tokens[b][1:]) if p >= 0]
             follow = lookup(seq[:n], depth, self.max_ngram, self.min_ngram)
-            rows.append(splice_within(learned, follow, budget=len(learned)) if follow else learned)
+            rows.append(branch_first(learned, follow, budget=len(learned)) if follow else learned)
             changed |= rows[-1] != learned
         if not changed:
             return tree
         return tree_from_nodes(rows, tree.tokens[:, 0], tree.tokens.device)
 
 
-def splice(nodes: list[tuple[int, int]], follow: list[int]) -> list[tuple[int, int]]:
+def splice(nodes: list[tuple[int, int]], follow: list[int]) -> tuple[list[tuple[int, int]], list[int]]:
     """nodes (parent, token) of a tree (root 0 implicit, parents precede children) with the path
-    ``follow`` from the root added: it walks existing nodes while they agree, then appends."""
+    ``follow`` from the root added: it walks existing nodes while they agree, then appends.
+    Returns (the nodes, the indices of the path's nodes, root excluded)."""
     children = {}
     for i, (p, t) in enumerate(nodes, start=1):
         children.setdefault((p, t), i)
-    out, cur = list(nodes), 0
+    out, cur, path = list(nodes), 0, []
     for t in follow:
         nxt = children.get((cur, t))
         if nxt is None:
             out.append((cur, t))
             nxt = children[(cur, t)] = len(out)
+        path.append(nxt)
         cur = nxt
-    return out
+    return out, path
 
 
-def splice_within(learned: list[tuple[int, int]], follow: list[int], budget: int) -> list[tuple[int, int]]:
-    """``splice`` within ``budget`` nodes: drop learned nodes from the end of a best-first list (every
-    prefix of it is a tree) until the branch fits, keeping at least the first; then cut the branch."""
-    for keep in range(len(learned), -1, -1):
-        out = splice(learned[:keep], follow)
-        if len(out) <= budget or keep <= 1:
-            return out[:max(budget, 1)]
-    return out[:max(budget, 1)]
+def branch_first(learned: list[tuple[int, int]], follow: list[int], budget: int) -> list[tuple[int, int]]:
+    """The learned tree (best-first) and the branch, in one order cut at ``budget`` nodes: the
+    learned best node, then the branch, then the other learned nodes. Every prefix is the tree
+    of that budget, as for a best-first tree alone (peagle.autotree sizes trees by prefixes)."""
+    nodes, path = splice(learned, follow)
+    rest = range(2, len(learned) + 1)
+    order = list(dict.fromkeys([*([1] if learned else []), *path, *rest]))[:budget]
+    new = {0: 0, **{old: i for i, old in enumerate(order, start=1)}}
+    return [(new[nodes[old - 1][0]], nodes[old - 1][1]) for old in order]

@@ -12,9 +12,13 @@ E(n): tokens emitted per row-cycle with an n-node tree. Dynamic trees list their
 (peagle.tree), so the first n nodes of a verified N-node tree are the tree an n budget would have
 built, and under greedy verification its accepted path is the full path cut before its first node
 past n (node indices grow along a path). One verified tree thus tells what every smaller budget
-would have accepted (``accepted_by_budget``), and E(n) = 1 + the mean of that over recent
-row-cycles that verified at least n nodes. Under sampling the count is an estimate (other draws);
-it only steers the budget, never what is emitted.
+would have accepted (``accepted_by_budget``). E(n) adds up paired steps: E(n) - E(n - 1) is the
+mean of accepted(n) - accepted(n - 1) over the recent row-cycles that verified at least n nodes,
+both read off the same trees. (The plain mean of accepted(n) over those row-cycles compares
+budgets on different cycles: large trees are verified in few of them, and when acceptance runs in
+bursts, as with ``peagle.NgramBranch`` copying a run from the prompt, a few lucky large trees made
+large budgets look best.) Under sampling the count is an estimate (other draws); it only steers
+the budget, never what is emitted.
 
 T(n) = D(n) + V(n + 1) + O: drafting (one pass for P-EAGLE, nearly flat in n) and verification are
 straight lines fitted to the per-n medians of the last ``window`` cycles at the nearest measured
@@ -84,6 +88,7 @@ class TreeSizePolicy:
         self._records: deque = deque()  # (nodes, accepted counts [nodes + 1] summed over rows, rows)
         self._max_records = records
         self._accepted_sum = [0.0] * (self.max_nodes + 1)  # [n]: accepted(n) over recorded row-cycles
+        self._below_sum = [0.0] * (self.max_nodes + 1)  # [n]: accepted(n - 1) over the same row-cycles
         self._rows_sum = [0] * (self.max_nodes + 1)  # [n]: row-cycles that verified >= n nodes
         # V fitted over n and read at n + 1; O and the plain step pooled over batch sizes.
         self.costs = CostModel(window, verify_shift=0, slope_memory=False, pooled=True)
@@ -106,14 +111,16 @@ class TreeSizePolicy:
     def expected_tokens(self) -> torch.Tensor:
         """[max_nodes + 1] E(n); NaN where no recent cycle verified n nodes."""
         accepted = torch.tensor(self._accepted_sum, dtype=torch.float64)
+        below = torch.tensor(self._below_sum, dtype=torch.float64)
         rows = torch.tensor(self._rows_sum, dtype=torch.float64)
-        e = 1 + accepted / rows
-        e[0] = 1.0
-        return e
+        step = (accepted - below) / rows  # [n] paired E(n) - E(n - 1); NaN past the largest budget seen
+        step[0] = 0.0
+        return 1 + step.cumsum(0)
 
     def _record(self, num_nodes: int, counts: list[float], rows: int, sign: int = 1) -> None:
         for n in range(num_nodes + 1):
             self._accepted_sum[n] += sign * counts[n]
+            self._below_sum[n] += sign * (counts[n - 1] if n else 0.0)
             self._rows_sum[n] += sign * rows
 
     def cycle_time(self, batch_size: int) -> torch.Tensor | None:

@@ -177,10 +177,25 @@ def test_running_sums_forget_old_cycles():
         counts = torch.randint(0, 3, (2, n + 1), generator=g).cummax(1).values  # non-decreasing in n
         _observe(policy, n, 2, 0.01, 0.05, counts)
         seen.append((n, counts))
-    accepted, rows = torch.zeros(9, dtype=torch.float64), torch.zeros(9, dtype=torch.float64)
+    step, rows = torch.zeros(9, dtype=torch.float64), torch.zeros(9, dtype=torch.float64)
     for n, counts in seen[-10:]:
-        accepted[: n + 1] += counts.sum(0)
+        c = counts.sum(0).double()
+        step[1: n + 1] += c[1:] - c[:-1]
         rows[: n + 1] += 2
-    want = 1 + accepted / rows
-    want[0] = 1.0
+    want = 1 + torch.cat([torch.zeros(1, dtype=torch.float64), step[1:] / rows[1:]]).cumsum(0)
     assert torch.allclose(policy.expected_tokens(), want, equal_nan=True)
+
+
+def test_budgets_are_compared_on_the_same_cycles():
+    """Bursty acceptance: 9 cycles verify 8 nodes and accept 1; 1 cycle, in a burst (a copied run),
+    verifies 16 nodes and accepts 7, all within its first 8. Averaged over the cycles that saw 16
+    nodes E(16) would be 8 against E(8) = 2.6; the same trees say nodes 9-16 added nothing."""
+    policy = TreeSizePolicy(peagle.TreeConfig(num_nodes="auto", max_nodes=16))
+    for _ in range(9):
+        _observe(policy, 8, 1, 0.01, 0.05, torch.tensor([[0] + [1] * 8]))
+    burst = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]])
+    _observe(policy, 16, 1, 0.01, 0.05, burst)
+    e = policy.expected_tokens()
+    assert e[8].item() == pytest.approx(1 + (9 * 1 + 7) / 10)
+    assert e[16].item() == pytest.approx(e[8].item())
+    assert (e[1:] >= e[:-1]).all()  # a bigger budget never accepts less

@@ -17,10 +17,10 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed
 
-# The demo runs 8 arms on 4 prompts, 1 thread: 2 min 33 s on the 2-core AMD EPYC with a benchmark
-# busy on the other core (`time peagle demo`, set-up done); the first run adds a ~20 s dtype measurement.
+# The demo runs 10 arms on 4 prompts, 1 thread: 4 min 49 s on an idle 2-core AMD EPYC with avx512_bf16
+# (`time peagle demo`, set-up done; bf16, then a float32 check pass); the first run adds a ~20 s dtype measurement.
 demo: setup
-	@echo "peagle demo: about 3 minutes on an idle 2-core CPU (progress bar on stderr)"
+	@echo "peagle demo: about 5 minutes on an idle 2-core CPU (progress bar on stderr)"
 	$(BIN)/peagle demo
 
 # ruff (configured in pyproject.toml): syntax errors, pyflakes, import order

@@ -122,7 +122,8 @@ def test_bad_arguments_name_themselves():
         peagle.NgramBranch(peagle.NgramDrafter())
     target, _ = setup("llama")
     inner = peagle.Eagle3Drafter(peagle.DrafterConfig.for_target(target, num_layers=1))
-    with pytest.raises(ValueError, match="learned_depth"):
-        peagle.NgramBranch(inner, learned_depth=0)
+    for bad in (0, 2.5):
+        with pytest.raises(ValueError, match="learned_depth"):
+            peagle.NgramBranch(inner, learned_depth=bad)
     with pytest.raises(ValueError, match="min_ngram"):
         peagle.NgramBranch(inner, min_ngram=3, max_ngram=2)

@@ -249,9 +249,8 @@ def test_draft_k_policy_keeps_its_choices(name):
     assert all(p.tree is None for p in plans)
 
 
-@pytest.mark.parametrize("name", sorted(TREE_STREAMS))
-def test_tree_size_policy_keeps_its_choices(name):
-    spec = TREE_STREAMS[name]
+def _tree_policy(spec):
+    """A TreeSizePolicy for a stream, its plans, and the choose / observe pair run_tree drives."""
     policy = TreeSizePolicy(peagle.TreeConfig(num_nodes="auto", **spec["options"]))
     plans = []
 
@@ -263,6 +262,13 @@ def test_tree_size_policy_keeps_its_choices(name):
         policy.observe(_cycle(plans[-1], rows, d, v, cycle_s, [c[-1] for c in counts] if counts else [0] * len(rows),
                               counts))
 
+    return policy, plans, choose, observe
+
+
+@pytest.mark.parametrize("name", sorted(TREE_STREAMS))
+def test_tree_size_policy_keeps_its_choices(name):
+    spec = TREE_STREAMS[name]
+    policy, plans, choose, observe = _tree_policy(spec)
     run_tree(spec, choose, observe)
     assert _choices(policy.history) == EXPECTED_NODES[name]
     assert all((p.tree is None) == (p.draft_k == 0) for p in plans)
@@ -287,17 +293,7 @@ def test_tree_size_policy_is_near_the_best_fixed_budget(name):
         run_tree(spec, choose, counted)
         return total["tokens"] / total["s"]
 
-    policy = TreeSizePolicy(peagle.TreeConfig(num_nodes="auto", **spec["options"]))
-    plans = []
-
-    def choose(rows):
-        plans.append(policy.choose(BatchInfo(rows)))
-        return plans[-1].num_nodes
-
-    def observe(n, rows, d, v, cycle_s, counts):
-        policy.observe(_cycle(plans[-1], rows, d, v, cycle_s, [c[-1] for c in counts] if counts else [0] * len(rows),
-                              counts))
-
+    _, _, choose, observe = _tree_policy(spec)
     auto = rate(choose, observe)
     best = max(rate(lambda rows, n=n: n) for n in range(1, spec["options"]["max_nodes"] + 1))
     assert auto >= 0.95 * best, (auto, best)

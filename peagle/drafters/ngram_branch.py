@@ -2,14 +2,16 @@
 
 A learned head is good at the next few tokens of new text; prompt lookup is good at long runs the
 answer copies from its context (a function signature from the prompt, a repeated identifier), and
-costs nothing to draft. ``NgramBranch`` puts both in one tree: the wrapped drafter's tree, ``learned_depth``
-deep, and the tokens that followed the most recent earlier occurrence of the context's last
+costs nothing to draft. ``NgramBranch`` puts both in one tree: the wrapped drafter's tree,
+``learned_depth`` deep, and the tokens that followed the most recent earlier occurrence of the context's last
 ``min_ngram``..``max_ngram`` tokens, up to the cycle's full depth, spliced in as a path from the root
 (it shares the learned nodes it agrees with). The node budget stays the tree's: the nodes are
 ordered the learned tree's best node, the branch, the other learned nodes, and cut at the budget,
 so a cycle verifies no more tokens than without the branch, and a smaller budget's tree is a
-prefix of a larger one's (``peagle.autotree`` sizes trees by that). The branch is a deterministic proposal, like every node of a learned tree, so
-the tree verifier stays exact (greedy and sampling).
+prefix of a larger one's (``peagle.autotree`` sizes trees by that). The branch is a deterministic
+proposal, like every node of a learned tree, so the tree verifier stays exact (greedy and
+sampling). The lookup runs on the host, as ``NgramDrafter``'s does (one host read of the tree and
+the history a cycle).
 
     drafter = peagle.NgramBranch(peagle.load_drafter("eagle3", target=target))
     peagle.generate(target, drafter, prompts, draft_k=7, tree=peagle.TreeConfig(num_nodes="auto"))
@@ -33,9 +35,11 @@ class NgramBranch:
         if not hasattr(drafter, "draft_tree"):
             raise ValueError(f"drafter must be a peagle.TreeDrafter (it builds the tree the branch joins), "
                              f"got {type(drafter).__name__}")
-        if learned_depth < 1:
-            raise ValueError(f"learned_depth must be >= 1, got {learned_depth}")
-        if not 1 <= min_ngram <= max_ngram:
+        ints = {"learned_depth": learned_depth, "min_ngram": min_ngram, "max_ngram": max_ngram}
+        for name, value in ints.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if min_ngram > max_ngram:
             raise ValueError(f"min_ngram/max_ngram must satisfy 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.drafter, self.learned_depth = drafter, learned_depth
         self.min_ngram, self.max_ngram = min_ngram, max_ngram

@@ -110,7 +110,7 @@ class Session:
             t2 = time.process_time()
             with autocast(self.precision):
                 if cfg.kind == "peagle":
-                    st = peagle_step(head, plan, feats, float(counts.clamp_min(1).item()), o.segments, **kwargs)
+                    st = peagle_step(head, plan, feats, float(counts.sum().clamp_min(1)), o.segments, **kwargs)
                 else:
                     st = eagle3_step(head, plan, feats, counts.tolist(), o.ttt_steps, **kwargs)
             t3 = time.process_time()

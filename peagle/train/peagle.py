@@ -28,8 +28,11 @@ class PEagleOptions:
     cod_min_ratio: float = 0.2
     segments: int = 1  # sequence partitioning: forward+backward passes per micro-batch
     train_embedding: str = "mask"  # "mask" (only the mask row), "all", "none"
+    depth0_share: float | None = None  # share of the loss on depth-0 elements (None: by count, as every element)
 
     def __post_init__(self) -> None:
+        if self.depth0_share is not None and not 0.0 < self.depth0_share < 1.0:
+            raise ValueError(f"depth0_share must be in (0, 1) or None, got {self.depth0_share}")
         if self.train_embedding not in ("mask", "all", "none"):
             raise ValueError(f"train_embedding must be mask, all or none, got {self.train_embedding!r}")
         for name in ("max_depth", "segments"):
@@ -134,12 +137,24 @@ def segments(d0: Group, chains: Group, num_segments: int) -> list[Segment]:
 
 
 # -- the step ------------------------------------------------------------------------------------
-def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float, num_segments: int = 1,
+def loss_scale(counts: torch.Tensor, max_depth: int, depth0_share: float | None) -> torch.Tensor:
+    """Loss weight per depth [max_depth] from the global batch's supervised counts [depth 0, chains].
+
+    By count (``depth0_share`` None) every element weighs 1 / total; otherwise the depth-0 elements
+    share ``depth0_share`` of the loss and the chain elements the rest, each group by its count.
+    """
+    n0, nc = (float(c) for c in counts.clamp_min(1))
+    if depth0_share is None:
+        return torch.full((max_depth,), 1.0 / (n0 + nc))
+    return torch.tensor([depth0_share / n0] + [(1.0 - depth0_share) / nc] * (max_depth - 1))
+
+
+def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float | torch.Tensor, num_segments: int = 1,
                 backward: bool = True, budget: int = 1 << 23, stats: StepStats | None = None) -> StepStats:
-    """P-EAGLE loss sum(KL) / norm over the plan's supervised elements, S forward+backward passes.
+    """P-EAGLE loss sum(scale * KL) over the plan's supervised elements, S forward+backward passes.
 
     norm: the supervised count of the whole global batch (so gradients add up across
-    micro-batches, segments and processes).
+    micro-batches, segments and processes), or a per-depth scale [K] (:func:`loss_scale`).
     """
     stats = stats if stats is not None else StepStats()
     plan = plan.to(feats.aux.device)  # plans are built on the CPU; the step runs where the features are
@@ -154,7 +169,8 @@ def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float, num_segmen
         hidden = h0 if len(chains) == 0 else torch.cat([h0, head.fc(head.mask_hidden.reshape(1, -1).to(h0.dtype)).expand(len(chains), -1)])
         out = runner.run(parts, hidden)
         group = Group.cat(parts) if len(parts) > 1 else own0
-        loss = supervised_loss(head, out, group, feats, 1.0 / norm, stats, max(K, 1))
+        scale = norm.to(out.device) if isinstance(norm, torch.Tensor) else 1.0 / norm
+        loss = supervised_loss(head, out, group, feats, scale, stats, max(K, 1))
         stats.objective += float(loss.detach())
         if backward and loss.requires_grad:
             loss.backward()
@@ -180,14 +196,20 @@ class PEagleTraining(EagleTraining):
         p.add_argument("--cod-min-ratio", type=float, default=d.cod_min_ratio)
         p.add_argument("--segments", type=int, default=d.segments, help="sequence partitioning S")
         p.add_argument("--train-embedding", default=d.train_embedding, choices=["mask", "all", "none"])
+        p.add_argument("--depth0-share", type=float, default=d.depth0_share,
+                       help="share of the loss on depth 0 (the real token and features); default: by element count")
+
+    def count_size(self, cfg) -> int:
+        return 2  # supervised depth-0 elements, supervised chain elements
 
     def plan(self, head, packed, cfg, generators):
         o = cfg.options
         plan = plan_peagle(packed, o.max_depth, head.config.mask_token_id, o.cod_ratio, o.cod_min_ratio, generators)
-        return plan, torch.tensor([float(plan.num_supervised)])
+        return plan, torch.tensor([float(plan.d0.num_supervised), float(plan.chains.num_supervised)])
 
     def step(self, head, plan, feats, counts, cfg, stats=None):
-        return peagle_step(head, plan, feats, float(counts.clamp_min(1).item()), cfg.options.segments, stats=stats)
+        scale = loss_scale(counts, cfg.options.max_depth, cfg.options.depth0_share)
+        return peagle_step(head, plan, feats, scale, cfg.options.segments, stats=stats)
 
     def stat_depths(self, cfg) -> int:
         return cfg.options.max_depth

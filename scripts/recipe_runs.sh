@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Controlled P-EAGLE recipe runs against an EAGLE-3 control: same data, batch, seed and wall-clock
+# budget on one torch thread (bf16 online features), then held-out acceptance per depth.
+#
+#   MINUTES=15 bash scripts/recipe_runs.sh                 # every arm, in order
+#   ARMS="eagle3 peagle" MINUTES=15 bash scripts/recipe_runs.sh
+#
+# Resumable: a finished arm (OUT/ARM/heldout.json) is skipped, an interrupted one resumes from its
+# last checkpoint with the length its first start fitted (--max-minutes). Table:
+# python scripts/recipe_table.py OUT
+set -euo pipefail
+OUT=${OUT:-runs/recipes}
+MINUTES=${MINUTES:-15}
+DATA=${DATA:-data/smollm2-v2}
+SHARDS=${SHARDS:-1-42}
+HELDOUT_DATA=${HELDOUT_DATA:-data/embedded-regenerated}
+HELDOUT_SHARDS=${HELDOUT_SHARDS:-18-19}
+EVAL_SEQUENCES=${EVAL_SEQUENCES:-96}
+ARMS=${ARMS:-"eagle3 peagle peagle_d0half peagle_2l"}
+PY=${PY:-python}
+
+COMMON=(--data "$DATA" --shards "$SHARDS" --target default --features online --draft-vocab-size 6144
+        --max-len 1024 --batch-size 8 --lr 1e-3 --warmup-steps 20 --max-minutes "$MINUTES"
+        --checkpoint-every 10 --log-every 5 --threads 1 --seed 7)
+PEAGLE=(--layers 4 --intermediate-size 768 --max-depth 8 --cod-ratio 0.6 --cod-min-ratio 0.05)
+
+arm_args() {
+  case "$1" in
+    eagle3)          echo "eagle3 --layers 1 --ttt-steps 7" ;;
+    peagle)          echo "peagle ${PEAGLE[*]}" ;;
+    peagle_d0half)   echo "peagle ${PEAGLE[*]} --depth0-share 0.5" ;;
+    peagle_2l)       echo "peagle ${PEAGLE[*]} --layers 2" ;;
+    peagle_1l)       echo "peagle ${PEAGLE[*]} --layers 1 --intermediate-size 1536" ;;
+    peagle_cod08)    echo "peagle ${PEAGLE[*]} --cod-ratio 0.8 --cod-min-ratio 0.2" ;;
+    peagle_warm)     echo "peagle ${PEAGLE[*]} --init-from peagle/heads/eagle3" ;;
+    *) echo "unknown arm $1" >&2; return 2 ;;
+  esac
+}
+
+mkdir -p "$OUT"
+for arm in $ARMS; do
+  dir="$OUT/$arm"
+  [ -f "$dir/heldout.json" ] && { echo "== $arm: done"; continue; }
+  args=$(arm_args "$arm")
+  echo "== $arm: peagle train $args (${MINUTES} min)"
+  # shellcheck disable=SC2086
+  $PY -m peagle.train $args "${COMMON[@]}" --out "$dir"
+  $PY -m peagle.train evaluate --head "$dir/final" --data "$HELDOUT_DATA" --shards "$HELDOUT_SHARDS" \
+      --draft-k 7 --target-dtype float32 --features online --max-sequences "$EVAL_SEQUENCES" --threads 1 \
+      --out "$dir/heldout.tmp.json"
+  mv "$dir/heldout.tmp.json" "$dir/heldout.json"
+done

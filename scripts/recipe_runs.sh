@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Controlled P-EAGLE recipe runs against an EAGLE-3 control: same data, batch, seed and wall-clock
-# budget on one torch thread (bf16 online features), then held-out acceptance per depth.
+# Controlled P-EAGLE recipe runs against an EAGLE-3 control: same data, batches, seed, schedule and
+# number of steps on one torch thread (bf16 online features), then held-out acceptance per depth.
+# Each arm's CPU seconds (its process's user + system time) go to OUT/ARM/cpu_seconds, so the
+# compute each recipe spent is in the table beside what it bought.
 #
-#   MINUTES=15 bash scripts/recipe_runs.sh                 # every arm, in order
-#   ARMS="eagle3 peagle" MINUTES=15 bash scripts/recipe_runs.sh
+#   STEPS=86 bash scripts/recipe_runs.sh                   # every arm, in order
+#   ARMS="eagle3 peagle" STEPS=86 bash scripts/recipe_runs.sh
 #
 # Resumable: a finished arm (OUT/ARM/heldout.json) is skipped, an interrupted one resumes from its
-# last checkpoint with the length its first start fitted (--max-minutes). Table:
-# python scripts/recipe_table.py OUT
+# last checkpoint. Table: python scripts/recipe_table.py OUT
 set -euo pipefail
 OUT=${OUT:-runs/recipes}
-MINUTES=${MINUTES:-15}
+STEPS=${STEPS:-86}
 DATA=${DATA:-data/smollm2-v2}
 SHARDS=${SHARDS:-1-42}
 HELDOUT_DATA=${HELDOUT_DATA:-data/embedded-regenerated}
@@ -20,7 +21,7 @@ ARMS=${ARMS:-"eagle3 peagle peagle_d0half peagle_2l"}
 PY=${PY:-python}
 
 COMMON=(--data "$DATA" --shards "$SHARDS" --target default --features online --draft-vocab-size 6144
-        --max-len 1024 --batch-size 8 --lr 1e-3 --warmup-steps 20 --max-minutes "$MINUTES"
+        --max-len 1024 --batch-size 8 --lr 1e-3 --warmup-steps 20 --max-steps "$STEPS"
         --checkpoint-every 10 --log-every 5 --threads 1 --seed 7)
 PEAGLE=(--layers 4 --intermediate-size 768 --max-depth 8 --cod-ratio 0.6 --cod-min-ratio 0.05)
 
@@ -42,9 +43,12 @@ for arm in $ARMS; do
   dir="$OUT/$arm"
   [ -f "$dir/heldout.json" ] && { echo "== $arm: done"; continue; }
   args=$(arm_args "$arm")
-  echo "== $arm: peagle train $args (${MINUTES} min)"
-  # shellcheck disable=SC2086
-  $PY -m peagle.train $args "${COMMON[@]}" --out "$dir"
+  if [ ! -f "$dir/final/config.json" ]; then
+    echo "== $arm: peagle train $args ($STEPS steps)"
+    mkdir -p "$dir"
+    # shellcheck disable=SC2086
+    /usr/bin/time -a -o "$dir/cpu_seconds" -f "%U %S" $PY -m peagle.train $args "${COMMON[@]}" --out "$dir"
+  fi
   $PY -m peagle.train evaluate --head "$dir/final" --data "$HELDOUT_DATA" --shards "$HELDOUT_SHARDS" \
       --draft-k 7 --target-dtype float32 --features online --max-sequences "$EVAL_SEQUENCES" --threads 1 \
       --out "$dir/heldout.tmp.json"

@@ -27,7 +27,8 @@ def _add_data(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="data directory (resumes if it exists)")
     p.add_argument("--prompts", default="sharegpt,stdlib",
                    help="comma list of prompt sources: sharegpt (first turns), sharegpt_turns (later turns with the "
-                        "conversation so far), stdlib (code)")
+                        "conversation so far), stdlib (code); or broad kinds, one directory each: writing (a document plus a "
+                        "task), math (word problems), code_tasks (fix, refactor, review...), long_turns (2-4k-token conversations)")
     p.add_argument("--exclude-prompts", default=None,
                    help="a prompts.jsonl (optionally :SHARDS:SIZE, e.g. data/x/prompts.jsonl:18-19:128) whose prompts, "
                         "and their conversations, are never used: keeps an older held-out set held out")
@@ -224,7 +225,10 @@ def _run_train(args, kind: str) -> int:
 
 def _add_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", nargs="+", required=True, help="saved heads (OUT/final, an exported folder)")
-    p.add_argument("--data", required=True, help="data directory (with cached features unless --features online)")
+    p.add_argument("--data", default=None, help="data directory (with cached features unless --features online)")
+    p.add_argument("--suite", nargs="*", default=None, metavar="SET",
+                   help="the evaluation suite (peagle/train/suite.py) instead of --data: every set, or those named; "
+                        "online features, the sets' own lengths and shards")
     p.add_argument("--features", default="cache", choices=["cache", "online"],
                    help="cache (default): DATA/features from `peagle train features`; online: a target pass per micro-batch")
     p.add_argument("--shards", default=None, type=shard_spec, help="shards to evaluate on, e.g. 12-13 (held out from training)")
@@ -249,6 +253,28 @@ def _run_evaluate(args) -> int:
     return run_cli(args)
 
 
+def _add_suite_data(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sets", nargs="*", default=None, help="sets to regenerate (default: every set that needs answers)")
+    p.add_argument("--target", default="default")
+    p.add_argument("--dtype", default="auto", choices=("auto", *DTYPE_NAMES),
+                   help="auto: bfloat16 on GPUs and CPUs with native bf16, else float32")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: peagle.machine.default_threads)")
+
+
+def _run_suite_data(args) -> int:
+    from .data import generation_dtype, load_target_by_name
+    from .suite import NAMES, build_suite_data
+
+    unknown = set(args.sets or ()) - set(NAMES)
+    if unknown:
+        raise SystemExit(f"--sets must be among {', '.join(NAMES)}, got {sorted(unknown)}")
+    apply_threads(args.threads or "auto")
+    target = load_target_by_name(args.target, generation_dtype(args.dtype))
+    print(json.dumps(build_suite_data(target, names=args.sets, dtype=args.dtype, batch_size=args.batch_size)))
+    return 0
+
+
 def _train_subcommand(kind):
     """`peagle train NAME` for a trainable head kind of the registry (peagle.train.kinds)."""
     return (lambda p: _add_train(p, kind.name), lambda a: _run_train(a, kind.name), kind.description)
@@ -263,6 +289,7 @@ def _subcommands() -> dict:
         "features": (_add_features, _run_features, "cache the target's teacher-forced features"),
         **{name: _train_subcommand(kinds.get(name)) for name in kinds.names()},
         "evaluate": (_add_evaluate, _run_evaluate, "held-out KL, agreement and greedy acceptance of heads by depth"),
+        "suite-data": (_add_suite_data, _run_suite_data, "regenerate the evaluation suite's answers (data/suite)"),
     }
 
 

@@ -161,8 +161,12 @@ def run_cli(args) -> int:
     window = getattr(args, "attention_window", None)
     if window is not None and window < 0:
         raise SystemExit(f"--attention-window must be >= 0 (0: the whole context), got {window}")
+    if (args.data is None) == (getattr(args, "suite", None) is None):
+        raise SystemExit("give either --data DIR or --suite [SET ...]")
     apply_threads(args.threads or "auto")
     target = load_target_by_name(args.target, args.target_dtype)
+    if args.suite is not None:
+        return _run_suite(args, target)
     results = []
     for path in args.head:
         head = from_pretrained(path, target=target)
@@ -180,4 +184,22 @@ def run_cli(args) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=1))
     print(json.dumps(results))
+    return 0
+
+
+def _run_suite(args, target) -> int:
+    from .suite import NAMES, depth_table, evaluate_suite, suite_table
+
+    unknown = set(args.suite) - set(NAMES)
+    if unknown:
+        raise SystemExit(f"--suite sets must be among {', '.join(NAMES)}, got {sorted(unknown)}")
+    try:
+        results = evaluate_suite(args.head, target, names=args.suite or None, draft_k=args.draft_k or 7,
+                                 max_sequences=args.max_sequences)
+    except FileNotFoundError as err:
+        raise SystemExit(str(err))
+    print(f"\nsuite, draft_k {args.draft_k or 7}, target {args.target_dtype}\n{suite_table(results)}\n\n{depth_table(results)}")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=1))
     return 0

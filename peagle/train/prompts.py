@@ -203,7 +203,8 @@ def stdlib_code_prompts(limit: int, seed: int = 0) -> list[dict]:
     return out
 
 
-SOURCES = ("sharegpt", "sharegpt_turns", "stdlib")
+SOURCES = ("sharegpt", "sharegpt_turns", "stdlib", "writing", "math", "code_tasks", "long_turns")
+BROAD_SOURCES = SOURCES[3:]  # peagle/train/sources.py: split into train and eval material
 
 
 def build_prompts(num_prompts: int, code_fraction: float = 0.35, seed: int = 0,
@@ -223,6 +224,9 @@ def build_prompts(num_prompts: int, code_fraction: float = 0.35, seed: int = 0,
     unknown = set(sources) - set(SOURCES)
     if unknown:
         raise ValueError(f"sources must be among {SOURCES}, got {sorted(unknown)}")
+    broad = [s for s in sources if s in BROAD_SOURCES]
+    if broad:
+        return broad_prompts(num_prompts, broad, seed, "train", exclude_ids, sources)
     n_code = round(num_prompts * code_fraction) if "stdlib" in sources else 0
     n_chat = num_prompts - n_code if {"sharegpt", "sharegpt_turns"} & set(sources) else 0
     keep = EvalFilter()
@@ -245,3 +249,25 @@ def build_prompts(num_prompts: int, code_fraction: float = 0.35, seed: int = 0,
         prompts += [p for p in stdlib_code_prompts(2 * n_code, seed) if usable(p)][:n_code]
     rng.shuffle(prompts)
     return prompts
+
+
+def broad_prompts(num_prompts: int, sources, seed: int = 0, split: str = "train", exclude_ids: set[str] = frozenset(),
+                  all_sources=None) -> list[dict]:
+    """``num_prompts`` prompts shared evenly among broad sources (peagle/train/sources.py), evaluation prompts removed.
+
+    The broad sources cannot be mixed with the ShareGPT / stdlib ones in one call: give each kind its
+    own data directory (so what each adds can be measured) and merge with scripts/merge_data.py.
+    """
+    from .sources import SOURCES as BROAD
+    mixed = set(all_sources or sources) - set(BROAD)
+    if mixed:
+        raise ValueError(f"--prompts: {sorted(mixed)} cannot be mixed with {sorted(sources)}; use one data directory each")
+    keep = EvalFilter()
+    out: list[dict] = []
+    for i, name in enumerate(sources):
+        want = num_prompts // len(sources) + (i < num_prompts % len(sources))
+        found = [p for p in BROAD[name](2 * want + 16, seed, split) if p["id"] not in exclude_ids
+                 and all(map(keep, [m["content"] for m in p.get("messages", []) if m["role"] == "user"] or [p["text"]]))]
+        out += found[:want]
+    random.Random(seed).shuffle(out)
+    return out

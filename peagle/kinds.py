@@ -6,7 +6,8 @@ checkpoint format live with it (``peagle/drafters/``), its training side in ``pe
 load, recognise a head directory), ``peagle export``, ``peagle bench``, the trainer -- asks this
 registry (``kinds.get(name)``, ``kinds.of(head)``) and calls the kind; it never compares kind
 names. This module imports no kind: the built-in kinds register in ``peagle/drafters/__init__.py``,
-one line each, and every ``import peagle...`` runs that first.
+one line each, and every ``import peagle...`` runs that first. :class:`Registry` is the one
+registry mechanism: the training side keeps its own (``peagle.train.kinds``) under the same names.
 
 What a kind provides (a :class:`HeadKind` subclass)::
 
@@ -26,6 +27,7 @@ What a kind provides (a :class:`HeadKind` subclass)::
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import torch
 
@@ -67,42 +69,57 @@ class HeadKind:
 
 
 # -- the registry ------------------------------------------------------------------------------
-_KINDS: dict[str, HeadKind] = {}
+Entry = TypeVar("Entry")
 
 
-def register(kind: HeadKind) -> HeadKind:
-    """Add a kind (replacing one of the same name); returns it."""
-    if not kind.name:
-        raise ValueError("a head kind needs a name")
-    _KINDS[kind.name] = kind
-    return kind
+class Registry(Generic[Entry]):
+    """Entries by kind name, in registration order: the one registry mechanism of peagle. The head
+    kinds below are one; the training of each kind (peagle.train.kinds) is another, under the same names."""
+
+    def __init__(self, what: str, entry_type: type):
+        self.what, self.entry_type = what, entry_type  # what an entry is, for messages; its class
+        self._entries: dict[str, Entry] = {}
+
+    def register(self, entry: Entry) -> Entry:
+        """Add an entry under its ``name`` (replacing one of the same name); returns it."""
+        if not entry.name:
+            raise ValueError(f"a {self.what} needs a name")
+        self._entries[entry.name] = entry
+        return entry
+
+    def names(self) -> list[str]:
+        """Registered names, in registration order."""
+        return list(self._entries)
+
+    def entries(self) -> list[Entry]:
+        """Registered entries, in registration order."""
+        return list(self._entries.values())
+
+    def get(self, name) -> Entry:
+        """The entry registered as ``name``: an entry passes through, another object (a kind of the
+        other registry) is looked up by its ``name``; ValueError naming the registered kinds otherwise."""
+        if isinstance(name, self.entry_type):
+            return name
+        key = getattr(name, "name", name)
+        try:
+            return self._entries[key]
+        except (KeyError, TypeError):
+            raise ValueError(f"unknown {self.what} {key!r}: the kind must be one of {', '.join(self._entries)}") from None
 
 
-def names() -> list[str]:
-    """Registered kind names, in registration order (the order head directories are matched in)."""
-    return list(_KINDS)
-
-
-def all_kinds() -> list[HeadKind]:
-    """Registered kinds, in registration order."""
-    return list(_KINDS.values())
-
-
-def get(name: str) -> HeadKind:
-    """The kind registered as ``name``; ValueError naming the registered kinds otherwise."""
-    if isinstance(name, HeadKind):
-        return name
-    try:
-        return _KINDS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown head kind {name!r}: registered kinds are {', '.join(_KINDS)}") from None
+HEADS: Registry[HeadKind] = Registry("head kind", HeadKind)
+#: add a kind (peagle/drafters/__init__.py registers the built-in ones); names in the order head directories are matched in
+register = HEADS.register
+names = HEADS.names
+all_kinds = HEADS.entries
+get = HEADS.get
 
 
 def of(head) -> HeadKind:
     """The kind of a drafter instance (its exact class first, then subclasses)."""
     for exact in (True, False):
-        for kind in _KINDS.values():
+        for kind in HEADS.entries():
             cls = kind.drafter_class
             if (type(head) is cls) if exact else isinstance(head, cls):
                 return kind
-    raise ValueError(f"{type(head).__name__} is not a drafter of a registered head kind ({', '.join(_KINDS)})")
+    raise ValueError(f"{type(head).__name__} is not a drafter of a registered head kind ({', '.join(HEADS.names())})")

@@ -10,6 +10,7 @@ slots) and attends over the row's cached keys and, causally, over the new keys o
 
 Worked example: cache_lens = [3, 0], Q = 2. Row 0, query 1 sees cache slots 0, 1, 2 and new keys
 0, 1; row 1, query 0 sees only new key 0 (an empty cache is fine: every query sees itself).
+With ``window=2`` row 0, query 0 sees cache slot 2 and new key 0; query 1 sees new keys 0, 1.
 Cache slots at or beyond ``cache_lens[b]`` (or beyond S) are never read, so a preallocated cache
 may hold anything there; cache_lens is effectively clamped to [0, S].
 
@@ -40,20 +41,21 @@ def parallel_draft_attention(
     """Attention of Q new queries over ``cache[:cache_lens[b]]`` and the new keys ``j <= i``.
 
     ``scale`` defaults to D ** -0.5. ``impl``: "auto" | "torch" | "triton" (peagle.kernels.dispatch).
-    ``window``: each query sees only the last ``window`` keys up to its own (cache slot j of row b
-    sits ``cache_lens[b] + i - j`` before query i); the Triton kernel has no window, so a window
-    runs the PyTorch twin. Raises ValueError naming the argument on a bad shape, dtype or device.
+    ``window``: each query sees only the last ``window`` keys up to its own: cache slot j of row b
+    sits ``cache_lens[b] + i - j`` before query i, new key c sits ``i - c`` before it, and a key is
+    visible iff that distance is < ``window`` (both implementations; the kernel also skips the
+    blocks before the window). Raises ValueError naming the argument on a bad shape, dtype or device.
     """
     _validate(q, k, v, k_cache, v_cache, cache_lens)
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"window must be an integer >= 1 or None, got {window!r}")
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    if window is not None or resolve_impl(impl, q, k, v, k_cache, v_cache, cache_lens) == "torch":
+    if resolve_impl(impl, q, k, v, k_cache, v_cache, cache_lens) == "torch":
         return parallel_draft_attention_torch(q, k, v, k_cache, v_cache, cache_lens, scale, window)
     from .parallel_draft_attention_triton import parallel_draft_attention_triton
 
-    return parallel_draft_attention_triton(q, k, v, k_cache, v_cache, cache_lens, scale)
+    return parallel_draft_attention_triton(q, k, v, k_cache, v_cache, cache_lens, scale, window=window)
 
 
 def parallel_draft_attention_torch(

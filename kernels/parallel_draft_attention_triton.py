@@ -49,8 +49,11 @@ def _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, ok, d_ok, qk_scale,
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
     s = tl.where(ok, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    # A row that has seen no key yet (a window can hide a whole block from it) keeps m = -inf:
+    # subtract 0 instead, so exp2(-inf - 0) = 0 rather than exp2(-inf + inf) = NaN.
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_sub)
+    p = tl.exp2(s - m_sub[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, m_new, l_i
@@ -66,8 +69,9 @@ def _parallel_draft_attention_kernel(
     svc_b, svc_h, svc_s, svc_d,
     so_b, so_i, so_h, so_d,
     n_q, n_kv_heads, S, D, qk_scale,  # qk_scale = scale * log2(e): the softmax runs in base 2
+    window,  # keys visible to a query: distance (query position - key position) < window
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -91,29 +95,44 @@ def _parallel_draft_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # 1. The row's cache [0, cache_len). Each block has a valid key for every row: no all -inf rows.
-    cache_len = tl.minimum(tl.load(LENS_ptr + b), S).to(tl.int32)
+    # Positions: cache slot n sits at n, new key j at cache_len + j, query i at cache_len + i.
+    # With a window, query i sees cache slots n > cache_len + i - window and new keys j > i - window;
+    # the loops start at the first key the block's first query sees (later queries see no earlier).
+    cache_len = tl.maximum(tl.minimum(tl.load(LENS_ptr + b), S), 0).to(tl.int32)
+    first_q = (pid_m * BLOCK_M) // G
+    cache_start = 0
+    new_start = 0
+    if HAS_WINDOW:
+        cache_start = tl.maximum(cache_len + first_q - window + 1, 0)
+        new_start = tl.maximum(first_q - window + 1, 0)
+
+    # 1. The row's cache [cache_start, cache_len). Without a window every block has a key for every
+    # row; with one, a row may see none of a block (handled in _attend_block).
     kc_base = KC_ptr + b * skc_b + hk * skc_h
     vc_base = VC_ptr + b * svc_b + hk * svc_h
-    for start in range(0, cache_len, BLOCK_N):
+    for start in range(cache_start, cache_len, BLOCK_N):
         n = start + cols
         ok = (n < cache_len)[None, :] & (rows >= 0)[:, None]
+        if HAS_WINDOW:
+            ok = ok & ((cache_len + qi[:, None] - n[None, :]) < window)
         k_ptrs = kc_base + n[:, None] * skc_s + d[None, :] * skc_d
         v_ptrs = vc_base + n[:, None] * svc_s + d[None, :] * svc_d
         acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, ok, d_ok, qk_scale, UPCAST, PRECISION)
 
-    # 2. The new keys j <= i. Key 0 is visible to every row, so the first block defines m_i.
+    # 2. The new keys j <= i (and j > i - window). Every query sees itself, so l_i > 0 at the end.
     last_q = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // G + 1, n_q)
     k_base = K_ptr + b * sk_b + hk * sk_h
     v_base = V_ptr + b * sv_b + hk * sv_h
-    for start in range(0, last_q, BLOCK_N):
+    for start in range(new_start, last_q, BLOCK_N):
         j = start + cols
         ok = (j[None, :] <= qi[:, None]) & (j < n_q)[None, :]
+        if HAS_WINDOW:
+            ok = ok & ((qi[:, None] - j[None, :]) < window)
         k_ptrs = k_base + j[:, None] * sk_i + d[None, :] * sk_d
         v_ptrs = v_base + j[:, None] * sv_i + d[None, :] * sv_d
         acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, ok, d_ok, qk_scale, UPCAST, PRECISION)
 
-    out = acc / l_i[:, None]
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # l_i = 0 only on padded rows past n_q (not stored)
     o_ptrs = O_ptr + b * so_b + qi[:, None] * so_i + head[:, None] * so_h + d[None, :] * so_d
     tl.store(o_ptrs, out.to(O_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
@@ -127,11 +146,12 @@ def parallel_draft_attention_triton(
     cache_lens: torch.Tensor,
     scale: float,
     upcast: bool = True,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Launch the kernel; arguments are validated by ``parallel_draft_attention``.
 
     ``upcast=False``: 16-bit dot operands for 16-bit inputs on a GPU (ignored under the
-    interpreter and for fp32 inputs).
+    interpreter and for fp32 inputs). ``window``: as ``parallel_draft_attention`` (None: all keys).
     """
     B, Q, Hq, D = q.shape
     Hkv, S = k.shape[2], k_cache.shape[2]
@@ -152,8 +172,9 @@ def parallel_draft_attention_triton(
         q, k, v, k_cache, v_cache, lens, out,
         *q.stride(), *k.stride(), *v.stride(),
         *k_cache.stride(), *v_cache.stride(), *out.stride(),
-        Q, Hkv, S, D, scale * math.log2(math.e),
+        Q, Hkv, S, D, scale * math.log2(math.e), min(window or 1, 2**30),
         G=G, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, UPCAST=bool(upcast), PRECISION=precision,
+        HAS_WINDOW=window is not None,
         **extra,
     )
     return out

@@ -156,15 +156,31 @@ def bench_parallel_draft_attention(K, torch, dev, quick, timer, rows, peak):
     }
     if dev.type == "cuda":  # 16-bit dot operands: a candidate default, timed and checked alongside
         run["triton_dot16"] = lambda: parallel_draft_attention_triton(q, k, v, kc, vc, lens, scale, upcast=False)
+    _attention_rows(run, "decode_k8", L, B, Hkv, D, q, k, dt, L, timer, rows, peak)
+    # The shipped heads' attention_window (1,024 of the 4,096 cached keys): the kernel reads only
+    # the window's blocks, so bandwidth counts the keys inside it.
+    W = 16 if quick else 1024
+    win = {
+        "torch": lambda: K.parallel_draft_attention(q, k, v, kc, vc, lens, impl="torch", window=W),
+        "triton": lambda: K.parallel_draft_attention(q, k, v, kc, vc, lens, impl="triton", window=W),
+    }
+    if dev.type == "cuda":
+        win["triton_dot16"] = lambda: parallel_draft_attention_triton(q, k, v, kc, vc, lens, scale, upcast=False,
+                                                                      window=W)
+    _attention_rows(win, f"decode_k8_window{W}", min(L, W + Q), B, Hkv, D, q, k, dt, L, timer, rows, peak)
+
+
+def _attention_rows(run, case, keys_read, B, Hkv, D, q, k, dt, L, timer, rows, peak):
+    Q, Hq = q.shape[1], q.shape[2]
     want = run["torch"]().float()
     elt = q.element_size()
-    moved = (2 * B * Hkv * L * D + 2 * q.numel() + 2 * k.numel() * 2) * elt  # cache K,V + q,out + new k,v
+    moved = (2 * B * Hkv * keys_read * D + 2 * q.numel() + 2 * k.numel() * 2) * elt  # K,V read + q,out + new k,v
     shape = f"B={B} Q={Q} Hq={Hq} Hkv={Hkv} D={D} context={L}"
     t = {impl: timer(fn) for impl, fn in run.items()}
     for impl, fn in run.items():
         err = (fn().float() - want).abs().max().item()
         bw = moved / (t[impl][0] * 1e-3)
-        rows.append(dict(kernel="parallel_draft_attention", case="decode_k8", provider=impl, shape=shape,
+        rows.append(dict(kernel="parallel_draft_attention", case=case, provider=impl, shape=shape,
                          dtype=str(dt).replace("torch.", ""), ms_p50=t[impl][0], ms_p20=t[impl][1],
                          ms_p80=t[impl][2], speedup_vs_torch=t["torch"][0] / t[impl][0],
                          gbytes_per_s=bw / 1e9, frac_peak_bw=(bw / peak) if peak else "",
@@ -205,23 +221,26 @@ def _build(arch, kernel, values, constexprs, options, tag):
 
 
 def compile_parallel_draft_attention(arch: int) -> None:
-    """Compile parallel_draft_attention for sm_<arch> at the benchmark shape, three variants."""
+    """Compile parallel_draft_attention for sm_<arch> at the benchmark shape: three variants, and the
+    bf16 upcast one with a window."""
     import torch
 
     from peagle.kernels import parallel_draft_attention_triton as A
 
     names = {torch.float32: "fp32", torch.bfloat16: "bf16"}
     B, Q, Hq, Hkv, D, S = 64, 8, 32, 8, 128, 4112
-    for dt, upcast in ((torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True)):
+    variants = ((torch.bfloat16, True, False), (torch.bfloat16, False, False), (torch.float32, True, False),
+                (torch.bfloat16, True, True))
+    for dt, upcast, windowed in variants:
         q, k = torch.empty(B, Q, Hq, D, dtype=dt, device="meta"), torch.empty(B, Q, Hkv, D, dtype=dt, device="meta")
         kc = torch.empty(B, Hkv, S, D, dtype=dt, device="meta")
         lens = torch.empty(B, dtype=torch.int64, device="meta")
         values = [q, k, k, kc, kc, lens, q, *q.stride(), *k.stride(), *k.stride(), *kc.stride(), *kc.stride(),
-                  *q.stride(), Q, Hkv, S, D, 0.1]
+                  *q.stride(), Q, Hkv, S, D, 0.1, 1000]
         consts = dict(G=Hq // Hkv, BLOCK_M=32, BLOCK_N=A.BLOCK_N, BLOCK_D=D, UPCAST=upcast,
-                      PRECISION="ieee" if dt == torch.float32 else "tf32")
+                      PRECISION="ieee" if dt == torch.float32 else "tf32", HAS_WINDOW=windowed)
         _build(arch, A._parallel_draft_attention_kernel, values, consts, dict(num_warps=4, num_stages=3),
-               f"parallel_draft_attention {names[dt]} upcast={upcast}")
+               f"parallel_draft_attention {names[dt]} upcast={upcast}" + (" window" if windowed else ""))
 
 
 def compile_tree_verify(arch: int) -> None:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import peagle
+from interpreter import needs_interpreter
 from peagle.bench.models import tiny_target
 from peagle.checkpoint import from_pretrained, save_pretrained
 
@@ -62,3 +63,25 @@ def test_window_is_saved_with_the_head_and_checked(target, tmp_path):
             head.set_attention_window(bad)
     with pytest.raises(ValueError, match="attention_window"):
         peagle.DrafterConfig.for_target(target, attention_window=0)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("window", [4, 1024])
+def test_window_runs_the_kernel(target, monkeypatch, window):
+    """With a window the dispatcher picks the Triton kernel (here through the interpreter) when asked,
+    and its drafts match the PyTorch twin's; the output is still the target's."""
+    monkeypatch.setenv("PEAGLE_KERNELS", "torch")
+    twin_out, twin = _run(target, _drafter("peagle", target, window=window), None)
+    monkeypatch.setenv("PEAGLE_KERNELS", "triton")
+    import peagle.kernels.parallel_draft_attention_triton as kernel_module
+
+    calls = []
+    launch = kernel_module.parallel_draft_attention_triton
+    monkeypatch.setattr(kernel_module, "parallel_draft_attention_triton",
+                        lambda *a, **kw: calls.append(kw.get("window")) or launch(*a, **kw))
+    kernel_out, kernel = _run(target, _drafter("peagle", target, window=window), None)
+    assert calls and set(calls) == {window}
+    assert kernel_out == twin_out
+    assert len(kernel) == len(twin)
+    for a, b in zip(kernel, twin):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

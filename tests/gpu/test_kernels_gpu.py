@@ -35,7 +35,7 @@ def _attention_inputs(B, Q, Hq, Hkv, D, S, dtype, seed=0):
     return rnd(B, Q, Hq, D), rnd(B, Q, Hkv, D), rnd(B, Q, Hkv, D), rnd(B, Hkv, S, D), rnd(B, Hkv, S, D), lens
 
 
-def _sdpa_in_dtype(q, k, v, kc, vc, lens):
+def _sdpa_in_dtype(q, k, v, kc, vc, lens, window=None):
     """PyTorch's attention computed in the inputs' own dtype: the low-precision baseline."""
     B, Q, Hq, D = q.shape
     Hkv, S = k.shape[2], kc.shape[2]
@@ -43,8 +43,12 @@ def _sdpa_in_dtype(q, k, v, kc, vc, lens):
     vals = torch.cat([vc, v.transpose(1, 2)], 2).repeat_interleave(Hq // Hkv, 1)
     cached = torch.arange(S, device=q.device)[None] < lens[:, None]
     causal = torch.ones(Q, Q, dtype=torch.bool, device=q.device).tril()
-    mask = torch.cat([cached[:, None].expand(B, Q, S), causal.expand(B, Q, Q)], -1)[:, None]
-    return F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask).transpose(1, 2)
+    mask = torch.cat([cached[:, None].expand(B, Q, S), causal.expand(B, Q, Q)], -1)  # [B, Q, S + Q]
+    if window is not None:  # key position: slot j at j, new key c at lens + c; query i at lens + i
+        i = torch.arange(Q, device=q.device)[None, :, None]
+        key_pos = torch.cat([torch.arange(S, device=q.device).expand(B, S), lens[:, None] + torch.arange(Q, device=q.device)], 1)
+        mask = mask & ((lens[:, None, None] + i - key_pos[:, None, :]) < window)
+    return F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask[:, None]).transpose(1, 2)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
@@ -63,6 +67,24 @@ def test_attention_kernel_matches_twin(shape, dtype, upcast):
     err = (got.float() - ref.float()).abs().max().item()
     base = (_sdpa_in_dtype(*args).float() - ref.float()).abs().max().item()
     assert err <= 2 * base + ATOL[dtype], (err, base)
+
+
+@pytest.mark.parametrize("window", [1, 5, 64, 1024, 5000])
+@pytest.mark.parametrize("upcast", [True, False], ids=["upcast", "dot16"])
+def test_attention_kernel_window_matches_twin(window, upcast):
+    """The shipped heads' window (1,024) and others, ragged contexts up to 4K, bf16."""
+    from peagle.kernels import parallel_draft_attention, parallel_draft_attention_torch
+    from peagle.kernels.parallel_draft_attention_triton import parallel_draft_attention_triton
+
+    args = _attention_inputs(8, 8, 32, 8, 128, 4096, torch.bfloat16, seed=2)
+    got = parallel_draft_attention_triton(*args, scale=128**-0.5, upcast=upcast, window=window)
+    ref = parallel_draft_attention_torch(*[a.float() if a.is_floating_point() else a for a in args], window=window)
+    assert torch.isfinite(got).all()
+    err = (got.float() - ref.float()).abs().max().item()
+    base = (_sdpa_in_dtype(*args, window=window).float() - ref.float()).abs().max().item()
+    assert err <= 2 * base + ATOL[torch.bfloat16], (err, base)
+    if upcast:  # the public entry runs the kernel with a window (it used to fall back to the twin)
+        torch.testing.assert_close(parallel_draft_attention(*args, window=window), got, atol=0, rtol=0)
 
 
 def test_attention_public_entry_picks_the_kernel_at_bench_shape():

@@ -12,7 +12,7 @@ E(n): tokens emitted per row-cycle with an n-node tree. Dynamic trees list their
 (peagle.tree), so the first n nodes of a verified N-node tree are the tree an n budget would have
 built, and under greedy verification its accepted path is the full path cut before its first node
 past n (node indices grow along a path). One verified tree thus tells what every smaller budget
-would have accepted (``accepted_by_budget``). E(n) adds up paired steps: E(n) - E(n - 1) is the
+would have accepted (``peagle.tree.accepted_by_budget``, which the cycle records). E(n) adds up paired steps: E(n) - E(n - 1) is the
 mean of accepted(n) - accepted(n - 1) over the recent row-cycles that verified at least n nodes,
 both read off the same trees. (The plain mean of accepted(n) over those row-cycles compares
 budgets on different cycles: large trees are verified in few of them, and when acceptance runs in
@@ -44,15 +44,6 @@ import torch
 from .costmodel import CostModel, PlainProbes, best_with_plain_margin
 from .planner import BatchInfo, CyclePlan
 from .tree import TreeConfig
-
-
-def accepted_by_budget(path: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    """path [B, P] accepted node indices (root first, -1 padded) of a best-first tree with
-    num_nodes nodes -> [B, num_nodes + 1]: drafts a tree of the first n nodes would have accepted,
-    n = 0..num_nodes (greedy; an estimate under sampling)."""
-    nodes = path[:, 1:]  # [B, P - 1]
-    budgets = torch.arange(num_nodes + 1, device=path.device)
-    return ((nodes[:, :, None] >= 1) & (nodes[:, :, None] <= budgets)).sum(1)
 
 
 class TreeSizePolicy:
@@ -161,7 +152,7 @@ class TreeSizePolicy:
         return CyclePlan(n, self.tree(n)) if n > 0 else CyclePlan(0)
 
     def observe(self, cycle) -> None:
-        """Record one finished cycle (peagle.cycle.CycleResult): its budget (0: plain), costs and,
+        """Record one finished cycle (peagle.planner.FinishedCycle): its budget (0: plain), costs and,
         for a tree cycle, ``accepted_by_budget`` [B, num_nodes + 1]."""
         num_nodes, accepted = cycle.plan.num_nodes, cycle.accepted_by_budget
         self.costs.record(num_nodes, cycle.batch_size, cycle.draft_s, cycle.verify_s, cycle.cycle_s)

@@ -8,11 +8,10 @@ from typing import Callable
 
 import torch
 
-from .autotree import accepted_by_budget
 from .drafters.base import Draft, Drafter, DraftStep
 from .planner import CyclePlan
 from .sampling import SamplingParams, target_probs
-from .tree import DraftTree
+from .tree import DraftTree, accepted_by_budget
 from .verify import VerifyResult, assemble_output, verify_greedy, verify_sampling
 
 
@@ -58,8 +57,8 @@ class Clock:
 
 @dataclass
 class CycleResult:
-    """A finished cycle, chain or tree: what it verified and what it cost. Planners read plan,
-    rows, num_accepted, the seconds and accepted_by_budget; generate() the tensors too."""
+    """A finished cycle, chain or tree: what it verified and what it cost. Planners read what
+    peagle.planner.FinishedCycle lists; generate() the tensors too."""
 
     plan: CyclePlan  # what the cycle ran (after generate() capped it at the rows' budgets)
     rows: list[int] | None  # ids of the rows in the batch, in batch order
@@ -71,7 +70,7 @@ class CycleResult:
     aux: torch.Tensor | None = None  # [B, depth + 1, A] target aux states along the accepted slots
     positions: torch.Tensor | None = None  # [B, depth + 1] their positions
     path: torch.Tensor | None = None  # tree cycles: [B, depth + 1] accepted node indices, root first
-    accepted_by_budget: torch.Tensor | None = None  # tree cycles: [B, num_nodes + 1] (peagle.autotree)
+    accepted_by_budget: torch.Tensor | None = None  # tree cycles: [B, num_nodes + 1] (peagle.tree)
 
     def __post_init__(self) -> None:
         self._host: tuple[list[int], list[list[int]] | None] | None = None

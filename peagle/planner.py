@@ -2,23 +2,26 @@
 
     plan = planner.choose(batch)    # CyclePlan: draft_k, and a tree or None (draft_k 0: a plain step)
     ...                             # generate() drafts, verifies, accepts, rolls back
-    planner.observe(cycle)          # the finished cycle (peagle.cycle.CycleResult): costs, acceptance
+    planner.observe(cycle)          # the finished cycle (a FinishedCycle: costs, acceptance)
 
 Three planners implement this protocol: :class:`FixedPlanner` (an integer ``draft_k``, a fixed
 tree or none), :class:`peagle.autok.DraftKPolicy` (``draft_k="auto"``) and
 :class:`peagle.autotree.TreeSizePolicy` (``TreeConfig(num_nodes="auto")``); the two adaptive ones
 share their cost tables (:mod:`peagle.costmodel`). A plan only steers speed: every cycle is
 verified, so what is emitted never depends on it.
+
+This module is the interface between the decode cycle and the planners: what a planner is asked
+(:class:`BatchInfo`), answers (:class:`CyclePlan`) and is told (:class:`FinishedCycle`, which
+:class:`peagle.cycle.CycleResult` implements). The cycle imports no planner, no planner the cycle.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
+
+import torch
 
 from .tree import TreeConfig
-
-if TYPE_CHECKING:
-    from .cycle import CycleResult
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,23 @@ class BatchInfo:
         return len(self.rows)
 
 
+class FinishedCycle(Protocol):
+    """What a planner may read of a finished cycle (peagle.cycle.CycleResult)."""
+
+    plan: CyclePlan  # what the cycle ran
+    rows: list[int] | None  # ids of the rows in the batch, in batch order
+    draft_s: float  # seconds drafting (0 without timing)
+    verify_s: float  # seconds verifying (0 without timing)
+    cycle_s: float | None  # the whole cycle (None: draft_s + verify_s)
+    accepted_by_budget: torch.Tensor | None  # tree cycles: [B, num_nodes + 1] (peagle.tree.accepted_by_budget)
+
+    @property
+    def batch_size(self) -> int: ...
+
+    def accepted_counts(self) -> list[int]:
+        """Drafts accepted per row, on the host."""
+
+
 @runtime_checkable
 class Planner(Protocol):
     max_draft_k: int  # the deepest plan it returns (sizes buffers and per-position statistics)
@@ -62,7 +82,7 @@ class Planner(Protocol):
     def choose(self, batch: BatchInfo) -> CyclePlan:
         """The plan for the next cycle."""
 
-    def observe(self, cycle: "CycleResult") -> None:
+    def observe(self, cycle: FinishedCycle) -> None:
         """Learn from the finished cycle."""
 
 
@@ -81,7 +101,7 @@ class FixedPlanner:
     def choose(self, batch: BatchInfo) -> CyclePlan:
         return self.plan
 
-    def observe(self, cycle: "CycleResult") -> None:
+    def observe(self, cycle: FinishedCycle) -> None:
         pass
 
 
@@ -105,5 +125,5 @@ class CallShape:
             return CyclePlan(self.draft_k, plan.tree)
         return CyclePlan(plan.draft_k, self.tree)
 
-    def observe(self, cycle: "CycleResult") -> None:
+    def observe(self, cycle: FinishedCycle) -> None:
         self.planner.observe(cycle)

@@ -130,3 +130,12 @@ def tree_from_nodes(rows: list[list[tuple[int, int]]], root_tokens: torch.Tensor
         for i in range(len(row) + 1, n):
             ancestors[b, i, i] = True
     return DraftTree(parents.to(device), tokens.to(device), depths.to(device), ancestors.to(device))
+
+
+def accepted_by_budget(path: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """path [B, P] accepted node indices (root first, -1 padded) of a best-first tree with
+    num_nodes nodes -> [B, num_nodes + 1]: drafts a tree of the first n nodes would have accepted,
+    n = 0..num_nodes (greedy; an estimate under sampling)."""
+    nodes = path[:, 1:]  # [B, P - 1]
+    budgets = torch.arange(num_nodes + 1, device=path.device)
+    return ((nodes[:, :, None] >= 1) & (nodes[:, :, None] <= budgets)).sum(1)

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 import peagle
-from peagle.autotree import TreeSizePolicy, accepted_by_budget
+from peagle.autotree import TreeSizePolicy
 from peagle.cycle import CycleResult
 from peagle.kernels import tree_verify
 from peagle.planner import BatchInfo, CyclePlan
+from peagle.tree import accepted_by_budget
 from tiny_models import hf_greedy, tiny_model
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 4], [100, 101, 102, 103, 104]]

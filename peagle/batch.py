@@ -38,6 +38,10 @@ class Outputs:
         """row -> tokens it may still emit."""
         return {row: self.max_new_tokens - len(self.sequences[row]) for row in rows}
 
+    def num_tokens(self) -> int:
+        """Tokens emitted over all rows."""
+        return sum(len(o) for o in self.sequences)
+
     def texts(self) -> list[str] | None:
         tok = self.tokenizer
         return [tok.decode(o, skip_special_tokens=True) for o in self.sequences] if tok is not None else None

@@ -109,11 +109,13 @@ CONTRACT = ("draft(step, draft_k) must return peagle.Draft(tokens, probs): token
 class DraftCall:
     """Calls the drafter for a plan, times the call, and checks its output against the contract
     (shapes, dtypes and device every cycle; the id range once, in the first drafting cycle: it
-    costs a host read)."""
+    costs a host read). Made once per generate() call, it binds the drafter to the target."""
 
-    def __init__(self, drafter: Drafter | None, vocab_size: int, device: torch.device):
-        self.drafter, self.vocab_size, self.device = drafter, vocab_size, device
+    def __init__(self, drafter: Drafter | None, target):
+        self.drafter, self.vocab_size, self.device = drafter, target.vocab_size, target.device
         self._range_checked = False
+        if drafter is not None:
+            drafter.bind(target)
 
     def __call__(self, plan: CyclePlan, next_step: Callable[[], DraftStep], clock: Clock
                  ) -> tuple[Draft | DraftTree | None, float]:

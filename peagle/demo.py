@@ -146,6 +146,33 @@ def _near_ties(target, prompts, results, specs) -> list[str]:
             "rounding; the identity column above is the float32 check."]
 
 
+def _table(specs, results, check_target, check, prompts) -> list[str]:
+    """The arms' table: speed, acceptance, break-even and the float32 identity check (``check``: the
+    same arms' runs on ``check_target``), each arm against plain decoding (``specs[0]``)."""
+    from peagle.bench.arms import ARMS
+
+    plain = results[specs[0]]
+    plain_otps = sum(c.new_tokens for c in plain) / sum(c.wall_s for c in plain)
+    step_ms = cycle_split(plain)[1]
+    lines = ["", "| Arm | draft_k | Tokens/s | Acceptance length | Speed-up over plain | Draft + verify ms per cycle "
+                 "| Break-even acceptance | Identical to plain (float32) |", "|---|---|---|---|---|---|---|---|"]
+    for spec in specs:
+        calls = results[spec]
+        tokens, wall = sum(c.new_tokens for c in calls), sum(c.wall_s for c in calls)
+        rc = sum(c.row_cycles for c in calls)
+        acc = (sum(c.accepted for c in calls) + rc) / rc if rc else 1.0
+        chosen = [k for c in calls for k in c.chosen_k]
+        nodes = [n for c in calls for n in c.chosen_nodes]
+        k = "-" if spec.arm == "plain" else (f"auto (mean {sum(chosen) / len(chosen):.1f})" if chosen else str(spec.draft_k))
+        if nodes:
+            k += f", auto tree (mean {sum(nodes) / len(nodes):.1f} nodes)"
+        draft_ms, verify_ms = cycle_split(calls)
+        ident = _identity_cell(check_target, prompts, check[specs[0]], check[spec]) if spec.arm != "plain" else "-"
+        lines.append(f"| {ARMS[spec.arm].label} | {k} | {tokens / wall:.1f} | {acc:.2f} | {tokens / wall / plain_otps:.2f}x "
+                     f"| {draft_ms:.1f} + {verify_ms:.1f} | {(draft_ms + verify_ms) / step_ms:.2f} | {ident} |")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
     import transformers
@@ -183,9 +210,7 @@ def run(args: argparse.Namespace) -> int:
             apply_threads(threads)
             check = _run_arms(check_target, _drafters(check_target, args.model)[0], specs, prompts, args.max_new_tokens, bar)
 
-    plain = results[specs[0]]
-    plain_otps = sum(c.new_tokens for c in plain) / sum(c.wall_s for c in plain)
-    step_ms = cycle_split(plain)[1]
+    step_ms = cycle_split(results[specs[0]])[1]
     facts = cpu_facts()
     lines = [f"peagle demo: {args.model} target, {len(prompts)} prompts ({args.per_dataset} HumanEval + {args.per_dataset} "
              f"MT-Bench, chat template), greedy, {args.max_new_tokens} new tokens max",
@@ -193,22 +218,7 @@ def run(args: argparse.Namespace) -> int:
              + (f"; GPU: {torch.cuda.get_device_name(0)}" if target.device.type == "cuda" else ""),
              f"dtype {dtype_reason}", f"threads {threads}: {threads_why}"]
     lines += [f"{ARMS[kind].label} head: {src}" for kind, src in sources.items()]
-    lines += ["", "| Arm | draft_k | Tokens/s | Acceptance length | Speed-up over plain | Draft + verify ms per cycle "
-                  "| Break-even acceptance | Identical to plain (float32) |", "|---|---|---|---|---|---|---|---|"]
-    for spec in specs:
-        calls = results[spec]
-        tokens, wall = sum(c.new_tokens for c in calls), sum(c.wall_s for c in calls)
-        rc = sum(c.row_cycles for c in calls)
-        acc = (sum(c.accepted for c in calls) + rc) / rc if rc else 1.0
-        chosen = [k for c in calls for k in c.chosen_k]
-        nodes = [n for c in calls for n in c.chosen_nodes]
-        k = "-" if spec.arm == "plain" else (f"auto (mean {sum(chosen) / len(chosen):.1f})" if chosen else str(spec.draft_k))
-        if nodes:
-            k += f", auto tree (mean {sum(nodes) / len(nodes):.1f} nodes)"
-        draft_ms, verify_ms = cycle_split(calls)
-        ident = _identity_cell(check_target, prompts, check[specs[0]], check[spec]) if spec.arm != "plain" else "-"
-        lines.append(f"| {ARMS[spec.arm].label} | {k} | {tokens / wall:.1f} | {acc:.2f} | {tokens / wall / plain_otps:.2f}x "
-                     f"| {draft_ms:.1f} + {verify_ms:.1f} | {(draft_ms + verify_ms) / step_ms:.2f} | {ident} |")
+    lines += _table(specs, results, check_target, check, prompts)
     costs = (cached_choice(target.config) or None) if target.device.type == "cpu" else None
     verify = ""
     if costs is not None and costs.costs:

@@ -77,17 +77,12 @@ def generate(
     prompt_ids, stop_ids, stop_strings = _check_inputs(target, drafter, prompts, chat, seed, stop, tree, max_new_tokens)
     planner = make_planner(draft_k, tree, drafter, target)
     _check_lengths(target, drafter, planner.max_draft_k, max_new_tokens, prompt_ids)
-    timing = planner.needs_timing if timing is None else timing
-    if not isinstance(timing, bool) or planner.needs_timing and not timing:
-        raise ValueError(f"timing must be True, False or None (False only with a fixed draft_k and tree), got {timing!r}")
-    generator = torch.Generator(device=target.device)
-    generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
+    timing = _check_timing(planner, timing)
+    generator = _seeded_generator(target.device, seed)
     outputs = Outputs(len(prompt_ids), max_new_tokens, stop_ids, stop_strings, target.tokenizer)
     stats = StatsAccumulator(planner.max_draft_k, timing)
-    call_drafter = DraftCall(drafter, target.vocab_size, target.device)
+    call_drafter = DraftCall(drafter, target)  # binds the drafter to the target
     planner.start()
-    if drafter is not None:
-        drafter.bind(target)
     clock = Clock(target.device, timing)
     # 0. prefill
     batch = prefill(target, drafter, prompt_ids, params, generator, extra=max_new_tokens + planner.max_draft_k + 1)
@@ -115,8 +110,7 @@ def generate(
         stats.add(result)
         planner.observe(result)
         # 6. stream: finished rows leave the batch at the top of the loop
-    new_tokens = sum(len(o) for o in outputs.sequences)
-    return GenerationOutput(outputs.sequences, outputs.texts(), stats.finish(new_tokens, clock.total()))
+    return GenerationOutput(outputs.sequences, outputs.texts(), stats.finish(outputs.num_tokens(), clock.total()))
 
 
 #: target -> drafter -> {call shape: policy}: what "auto" learned, kept for the pair's next calls
@@ -194,6 +188,21 @@ def _stop_ids(target: Target, stop) -> tuple[set[int], list[str]]:
         else:
             raise ValueError(f"stop must hold strings or token ids, got {type(s).__name__}")
     return ids, strings
+
+
+def _check_timing(planner: Planner, timing: bool | None) -> bool:
+    """``timing``, or None -> whether the planner needs it (the "auto" policies cannot go without)."""
+    timing = planner.needs_timing if timing is None else timing
+    if not isinstance(timing, bool) or planner.needs_timing and not timing:
+        raise ValueError(f"timing must be True, False or None (False only with a fixed draft_k and tree), got {timing!r}")
+    return timing
+
+
+def _seeded_generator(device: torch.device, seed: int | None) -> torch.Generator:
+    """The generator of every random draw of a call: seeded with ``seed``, or at random."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
+    return generator
 
 
 def _check_lengths(target: Target, drafter, draft_k: int, max_new_tokens: int, prompt_ids: list[list[int]]) -> None:

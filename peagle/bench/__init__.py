@@ -139,8 +139,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, checked: dict) -> int:
-    from tqdm.auto import tqdm
-
     from peagle.evalsets import dataset_label, load_prompts
     from peagle.machine import apply_threads, parse_dtype
     from peagle.prompts import encode_prompts
@@ -166,15 +164,7 @@ def _run(args: argparse.Namespace, checked: dict) -> int:
     print(f"loading the {args.model} target (dtype {args.dtype}) ...", file=sys.stderr)
     target = load_bench_target(args.model, dtype)
     threads, threads_why = apply_threads(args.threads or "auto")  # load_target applied its own default
-    drafters, heads = {}, {}
-    for name, source in DRAFTERS.items():  # the drafters the chosen arms draft with, each loaded once
-        if any(ARMS[a].drafter == name for a in arms):
-            path = getattr(args, f"{name}_head", None)  # --peagle-head, --eagle3-head, --dflash-head
-            drafter, why = source.build(target, path, args.model == "embedded" or path is not None)
-            if drafter is None:
-                print(f"{ARMS[name].label} skipped: {why}", file=sys.stderr)
-            else:
-                drafters[name], heads[name] = drafter, why
+    drafters, heads = _load_drafters(args, target, arms)
     llamacpp = _llamacpp_runner(args, target, threads) if any(ARMS[a].runs == "llamacpp" for a in arms) else None
     if isinstance(llamacpp, str):
         print(f"llama.cpp arms skipped: {llamacpp}", file=sys.stderr)
@@ -197,6 +187,39 @@ def _run(args: argparse.Namespace, checked: dict) -> int:
 
     journal = Journal(out_dir / "partial.jsonl", {k: v for k, v in meta.items()
                                                   if k not in ("command", "machine", "dtype_reason", "threads_reason")})
+    rows, notes = _measure(runner, cfg, prompts, journal)
+    notes += [f"{kind}: {source}" for kind, source in heads.items() if "random-init" in source]
+
+    (out_dir / "report.md").write_text(human_report(rows, notes, meta) + "\n")
+    write_csv(rows, out_dir / "rows.csv")
+    plots = write_plots(rows, out_dir)
+    line = json_line(rows, notes, meta)
+    (out_dir / "rows.json").write_text(line + "\n")
+    print(summary(rows, meta, out_dir / "report.md"))
+    print(f"wrote {out_dir / 'rows.csv'}, {out_dir / 'rows.json'}, " + ", ".join(str(p) for p in plots))
+    if args.json:
+        print(line)
+    return 0
+
+
+def _load_drafters(args: argparse.Namespace, target, arms: tuple[str, ...]) -> tuple[dict, dict[str, str]]:
+    """The drafters the chosen arms draft with, each loaded once: ({name: drafter}, {name: where its head is from})."""
+    drafters, heads = {}, {}
+    for name, source in DRAFTERS.items():
+        if any(ARMS[a].drafter == name for a in arms):
+            path = getattr(args, f"{name}_head", None)  # --peagle-head, --eagle3-head, --dflash-head
+            drafter, why = source.build(target, path, args.model == "embedded" or path is not None)
+            if drafter is None:
+                print(f"{ARMS[name].label} skipped: {why}", file=sys.stderr)
+            else:
+                drafters[name], heads[name] = drafter, why
+    return drafters, heads
+
+
+def _measure(runner: ArmRunner, cfg: SweepConfig, prompts: dict[str, list], journal: Journal) -> tuple[list, list[str]]:
+    """(rows, notes) of every (dataset, temperature, batch size) group, the journal's measured ones reused."""
+    from tqdm.auto import tqdm
+
     rows, notes = [], []
     if journal.done:
         print(f"resuming {journal.path}: {len(journal.done)} group(s) already measured", file=sys.stderr)
@@ -216,18 +239,7 @@ def _run(args: argparse.Namespace, checked: dict) -> int:
                         journal.add(key, r, n)
                     rows += r
                     notes += n
-    notes += [f"{kind}: {source}" for kind, source in heads.items() if "random-init" in source]
-
-    (out_dir / "report.md").write_text(human_report(rows, notes, meta) + "\n")
-    write_csv(rows, out_dir / "rows.csv")
-    plots = write_plots(rows, out_dir)
-    line = json_line(rows, notes, meta)
-    (out_dir / "rows.json").write_text(line + "\n")
-    print(summary(rows, meta, out_dir / "report.md"))
-    print(f"wrote {out_dir / 'rows.csv'}, {out_dir / 'rows.json'}, " + ", ".join(str(p) for p in plots))
-    if args.json:
-        print(line)
-    return 0
+    return rows, notes
 
 
 def _llamacpp_runner(args: argparse.Namespace, target, threads: int):

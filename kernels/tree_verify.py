@@ -38,8 +38,21 @@ unnormalised weights r with a scale s (p_j = r / s; r = p, s = 1 at a node), the
   * q one-hot: s <- s - r(x), r(x) <- 0.
 The recovered/bonus token is drawn from weights w = r by inverse CDF: the first index i with
 ``cumsum(w)[i] > u * sum(w)``; if w has no mass, w = p at the node; if p has none either, V - 1.
-Sums differ in rounding between torch and the kernel (block order), so the two can disagree only
-when a uniform lands within float rounding of a threshold.
+
+Exact sums (``fixed_point_weights``). A float32 sum over 152k entries depends on the order of the
+additions (torch's scan vs the kernel's blocks), and on a GPU the two used to draw different
+recovered tokens. Every sum over V is therefore taken in fixed point, where addition is exact and
+associative: with m = max(w) = f 2^e (f in [0.5, 1)), each weight becomes the integer
+``c_i = trunc(w_i 2^(KB - e))`` (KB = 62 - ceil(log2 V), so c_i < 2^KB and sum(c) < 2^62; the
+multiply by a power of two is exact in float64), and
+  * the draw: U = floor(u 2^24), t = floor(U sum(c) / 2^24) in exact int64 arithmetic, and the
+    token is the first i with cumsum(c)[i] > t (c_i > 0 there, so a zero weight is never drawn);
+  * the mass: s = float32(float64(sum(c)) 2^(e - KB)), used when q is given.
+Twin and kernel do the same integer operations, so given the same uniforms they agree exactly
+(no ties: a threshold either reaches a cumulative integer or not). Weights below m 2^-KB count as
+0 (2^-44 m at V = 152,064); the draw's distribution is off by at most V 2^(1-KB) in total variation
+(2^-25 at that V), below float32's own rounding. The residual's division r / s is IEEE
+round-to-nearest in both (``tl.math.div_rn`` in the kernel).
 
 Limits: ``max_depth`` (default: the tree's depth, which costs a host sync) caps the path; nodes
 deeper than it are ignored. Cost of the twin: O(N) steps over the batch; of the kernel: one
@@ -50,6 +63,7 @@ from __future__ import annotations
 import torch
 
 from .dispatch import resolve_impl
+from .fixed_point import draw_fixed_point, fixed_point_mass
 from .results import TreeVerifyResult
 
 __all__ = ["TreeVerifyResult", "tree_depths", "tree_verify", "tree_verify_torch"]
@@ -167,7 +181,7 @@ def tree_verify_torch(
                 has_res[rej] = True
             else:
                 base = (base / s[rej, None] - q[rej, c].float()).clamp_min(0.0)
-                mass = base.sum(-1)
+                mass = fixed_point_mass(base)
                 s[rej] = torch.where(mass > 0, mass, 1.0)
                 has_res[rej] = mass > 0
             r[rej] = base
@@ -176,14 +190,11 @@ def tree_verify_torch(
         has_res = has_res & ~acc
 
     p_cur = p[rows, cur].float()  # [B, V]
-    w = torch.where(has_res[:, None], r, p_cur)
-    cdf = w.cumsum(-1)
-    empty = ~(cdf[:, -1] > 0)
-    if bool(empty.any()):
-        w = torch.where(empty[:, None], p_cur, w)
-        cdf = w.cumsum(-1)
-    threshold = sample_uniforms.float() * cdf[:, -1]
-    next_token = (cdf <= threshold[:, None]).sum(-1).clamp_max(V - 1)
+    next_token = draw_fixed_point(torch.where(has_res[:, None], r, p_cur), sample_uniforms)
+    empty = next_token < 0
+    if bool(empty.any()):  # the residual had no mass: draw from p; if p has none either, V - 1
+        next_token = torch.where(empty, draw_fixed_point(p_cur, sample_uniforms), next_token)
+        next_token = torch.where(next_token < 0, V - 1, next_token)
     return TreeVerifyResult(path, depth, next_token)
 
 

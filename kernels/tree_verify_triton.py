@@ -3,12 +3,13 @@
 One launch, one program per row. The program sweeps the nodes n = 1 .. N-1 in index order (the
 nodes a row tests form an increasing sequence, see ``tree_verify_torch``) with scalar state:
 current node, depth, residual scale s and a has-residual flag. The vocabulary is streamed in
-BLOCK_V blocks: an argmax per visited node (greedy), a residual pass per rejection (q given), a
-copy pass at a node's first rejection (one-hot q), and two passes for the final inverse-CDF draw.
+BLOCK_V blocks: an argmax per visited node (greedy), a residual pass and a fixed-point mass pass
+per rejection (q given), a copy pass at a node's first rejection (one-hot q), and three passes
+(max, fixed-point total, fixed-point scan) for the final inverse-CDF draw.
 The residual lives in a [B, V] fp32 scratch row; ``tl.debug_barrier`` orders its writes before
 later reads by other threads. All arithmetic is fp32: loads are upcast right after ``tl.load``.
-The float operations match the twin's one for one (see the ``tree_verify`` module docstring);
-only sums over V are grouped differently.
+The float operations match the twin's one for one (see the ``tree_verify`` module docstring), and
+every sum over V is an exact int64 fixed-point sum, so kernel and twin agree exactly.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import interpreter_enabled
+from .fixed_point import fixed_point_bits
 from .results import TreeVerifyResult
 
 # Triton chooses interpreter or compiler when a kernel is decorated, i.e. when this module is imported.
@@ -42,18 +44,18 @@ def _argmax_row(row_ptr, V, BLOCK_V: tl.constexpr):
 
 @triton.jit
 def _residual_pass(src_ptr, s, q_ptr, dst_ptr, V, BLOCK_V: tl.constexpr):
-    """dst = max(src / s - q, 0) over the row; returns sum(dst). src may alias dst."""
+    """dst = max(src / s - q, 0) over the row (IEEE division, as torch); returns max(dst). src may alias dst."""
     offs = tl.arange(0, BLOCK_V)
-    total = 0.0
+    mx = 0.0
     for start in range(0, V, BLOCK_V):
         idx = start + offs
         m = idx < V
         a = tl.load(src_ptr + idx, mask=m, other=0.0).to(tl.float32)
         qq = tl.load(q_ptr + idx, mask=m, other=0.0).to(tl.float32)
-        r = tl.maximum(a / s - qq, 0.0)
+        r = tl.maximum(tl.math.div_rn(a, s) - qq, 0.0)
         tl.store(dst_ptr + idx, r, mask=m)
-        total += tl.sum(r, axis=0)
-    return total
+        mx = tl.maximum(mx, tl.max(r, axis=0))
+    return mx
 
 
 @triton.jit
@@ -66,29 +68,64 @@ def _copy_pass(src_ptr, dst_ptr, V, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _inverse_cdf(w_ptr, u, V, BLOCK_V: tl.constexpr):
-    """First i with cumsum(w)[i] > u * sum(w) and w[i] > 0; -1 when w has no mass."""
+def _row_max(w_ptr, V, BLOCK_V: tl.constexpr):
     offs = tl.arange(0, BLOCK_V)
-    total = 0.0
-    last = -1  # last index with w > 0: the answer if rounding leaves the threshold unreached
+    mx = 0.0
+    for start in range(0, V, BLOCK_V):
+        idx = start + offs
+        mx = tl.maximum(mx, tl.max(tl.load(w_ptr + idx, mask=idx < V, other=0.0).to(tl.float32), axis=0))
+    return mx
+
+
+@triton.jit
+def _fixed_scale(mx, KB):
+    """(2^(KB - e), 2^(e - KB)) as float64, with mx = f 2^e, f in [0.5, 1) (``fixed_point_weights``)."""
+    E = (mx.to(tl.int32, bitcast=True) >> 23) & 255
+    e = tl.where(E == 0, -125, E - 126).to(tl.int64)
+    scale = ((KB - e + 1023) << 52).to(tl.float64, bitcast=True)
+    unit = ((e - KB + 1023) << 52).to(tl.float64, bitcast=True)
+    return scale, unit
+
+
+@triton.jit
+def _fixed_sum(w_ptr, scale, V, BLOCK_V: tl.constexpr):
+    """sum_i trunc(w_i * scale) over the row, int64 (exact: the order of the additions is irrelevant)."""
+    offs = tl.arange(0, BLOCK_V)
+    total = tl.zeros([], tl.int64)
     for start in range(0, V, BLOCK_V):
         idx = start + offs
         w = tl.load(w_ptr + idx, mask=idx < V, other=0.0).to(tl.float32)
-        total += tl.sum(w, axis=0)
-        last = tl.maximum(last, tl.max(tl.where(w > 0, idx, -1), axis=0))
-    threshold = u * total
+        total += tl.sum((w.to(tl.float64) * scale).to(tl.int64), axis=0)
+    return total
+
+
+@triton.jit
+def _fixed_mass(w_ptr, mx, KB, V, BLOCK_V: tl.constexpr):
+    """float32 sum of the row in fixed point (twin: ``fixed_point_mass``); mx = max of the row."""
+    scale, unit = _fixed_scale(mx, KB)
+    return (_fixed_sum(w_ptr, scale, V, BLOCK_V).to(tl.float64) * unit).to(tl.float32)
+
+
+@triton.jit
+def _inverse_cdf(w_ptr, u, KB, V, BLOCK_V: tl.constexpr):
+    """Exact fixed-point inverse-CDF draw (twin: ``draw_fixed_point``); -1 when w has no mass."""
+    offs = tl.arange(0, BLOCK_V)
+    scale, _ = _fixed_scale(_row_max(w_ptr, V, BLOCK_V), KB)
+    total = _fixed_sum(w_ptr, scale, V, BLOCK_V)
+    U = tl.minimum(tl.maximum((u.to(tl.float64) * 16777216.0).to(tl.int64), 0), 16777215)  # floor(u 2^24)
+    t = ((U * (total >> 31)) << 7) + ((U * (total & 2147483647)) >> 24)  # floor(U total / 2^24), no overflow
     found = -1
-    carry = 0.0
+    carry = tl.zeros([], tl.int64)
     start = 0
     while (start < V) & (found < 0):
         idx = start + offs
         w = tl.load(w_ptr + idx, mask=idx < V, other=0.0).to(tl.float32)
-        c = carry + tl.cumsum(w, axis=0)
-        hit = tl.min(tl.where((c > threshold) & (w > 0), idx, V), axis=0)
+        c = (w.to(tl.float64) * scale).to(tl.int64)
+        cum = carry + tl.cumsum(c, axis=0)
+        hit = tl.min(tl.where((cum > t) & (idx < V), idx, V), axis=0)
         found = tl.where(hit < V, hit, found)
-        carry += tl.sum(w, axis=0)
+        carry += tl.sum(c, axis=0)
         start += BLOCK_V
-    found = tl.where(found < 0, last, found)
     return tl.where(total > 0, found, -1)
 
 
@@ -96,7 +133,7 @@ def _inverse_cdf(w_ptr, u, V, BLOCK_V: tl.constexpr):
 def _tree_verify_kernel(
     par_ptr, tok_ptr, tgt_ptr, q_ptr, u_ptr, su_ptr, scr_ptr,
     path_ptr, nacc_ptr, next_ptr,
-    N, V, max_depth,
+    N, V, max_depth, KB,
     s_par, s_tok, s_tgt_b, s_tgt_n, s_q_b, s_q_n, s_u, s_path,
     GREEDY: tl.constexpr, HAS_Q: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
@@ -149,10 +186,11 @@ def _tree_verify_kernel(
                 else:
                     if HAS_Q:
                         if has_res != 0:
-                            mass = _residual_pass(scr_row, s, q_row, scr_row, V, BLOCK_V)
+                            mx = _residual_pass(scr_row, s, q_row, scr_row, V, BLOCK_V)
                         else:
-                            mass = _residual_pass(p_row, s, q_row, scr_row, V, BLOCK_V)
+                            mx = _residual_pass(p_row, s, q_row, scr_row, V, BLOCK_V)
                         tl.debug_barrier()
+                        mass = _fixed_mass(scr_row, mx, KB, V, BLOCK_V)
                         has_res = tl.where(mass > 0, 1, 0)
                         s = tl.where(mass > 0, mass, 1.0)
                     else:
@@ -167,9 +205,9 @@ def _tree_verify_kernel(
         p_row = tgt_row + cur.to(tl.int64) * s_tgt_n
         token = -1
         if has_res != 0:
-            token = _inverse_cdf(scr_row, u_final, V, BLOCK_V)
+            token = _inverse_cdf(scr_row, u_final, KB, V, BLOCK_V)
         if token < 0:
-            token = _inverse_cdf(p_row, u_final, V, BLOCK_V)
+            token = _inverse_cdf(p_row, u_final, KB, V, BLOCK_V)
         token = tl.where(token < 0, V - 1, token)
 
     tl.store(nacc_ptr + b, depth.to(tl.int64))
@@ -213,7 +251,7 @@ def tree_verify_triton(
     _tree_verify_kernel[(B,)](
         parents, draft_tokens, target, q, uniforms, sample_uniforms, scratch,
         path, num_accepted, next_token,
-        N, V, max_depth,
+        N, V, max_depth, fixed_point_bits(V),
         parents.stride(0), draft_tokens.stride(0), target.stride(0), target.stride(1),
         q.stride(0), q.stride(1), uniforms.stride(0), path.stride(0),
         GREEDY=greedy, HAS_Q=has_q, BLOCK_V=block_v,

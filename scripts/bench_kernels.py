@@ -253,7 +253,8 @@ def compile_tree_verify(arch: int) -> None:
     for greedy, has_q in ((True, False), (False, False), (False, True)):
         tgt = torch.empty(B, N, V, dtype=torch.bfloat16, device="meta")
         i64, f32 = torch.empty(B, N, dtype=torch.int64, device="meta"), torch.empty(B, N, device="meta")
-        values = [i64, i64, tgt, tgt, f32, f32, f32, i64, i64, i64, N, V, 6, N, N, N * V, V, N * V, V, N, 7]
+        values = [i64, i64, tgt, tgt, f32, f32, f32, i64, i64, i64, N, V, 6, T.fixed_point_bits(V),
+                  N, N, N * V, V, N * V, V, N, 7]
         _build(arch, T._tree_verify_kernel, values, dict(GREEDY=greedy, HAS_Q=has_q, BLOCK_V=4096),
                dict(num_warps=8), f"tree_verify greedy={greedy} q={has_q}")
 

@@ -224,6 +224,75 @@ def test_kernel_matches_twin(V, mode, dtype):
     assert want.num_accepted.max() > 0
 
 
+def _draw_reference(w: list[float], u: float) -> int:
+    """The fixed-point draw in plain Python integers (docs/kernels.md): exact, no torch."""
+    import math
+
+    V = len(w)
+    KB = 62 - (V - 1).bit_length()
+    m = max(w)
+    e = math.frexp(m)[1] if m >= 2.0**-126 else -125
+    c = [int(x * 2.0 ** (KB - e)) for x in w]  # exact: a float times a power of two, truncated
+    T = sum(c)
+    if T == 0:
+        return -1
+    t = (int(u * 2**24) * T) >> 24
+    cum = 0
+    for i, ci in enumerate(c):
+        cum += ci
+        if cum > t:
+            return i
+    raise AssertionError("unreachable: t < T")
+
+
+def test_fixed_point_draw_worked_example_and_reference():
+    from peagle.kernels.fixed_point import draw_fixed_point, fixed_point_mass, fixed_point_weights
+
+    c, unit = fixed_point_weights(torch.tensor([[0.5, 0.25, 0.0, 0.25]]))
+    assert c.tolist() == [[2**59, 2**58, 0, 2**58]] and unit.tolist() == [2.0**-60]
+    w = torch.tensor([[0.5, 0.25, 0.0, 0.25]] * 5 + [[0.0] * 4])
+    u = torch.tensor([0.0, 0.4999999, 0.5, 0.75, 0.9999999, 0.3])
+    assert draw_fixed_point(w, u).tolist() == [0, 0, 1, 3, 3, -1]  # the zero weight is never drawn
+    g = torch.Generator().manual_seed(0)
+    for V in (1, 7, 1000):
+        w = torch.rand(16, V, generator=g) ** 8 * torch.exp(20 * torch.randn(16, 1, generator=g))  # 1e-9 .. 1e8
+        w[0, : V // 2] = 0
+        u = torch.rand(16, generator=g)
+        got = draw_fixed_point(w, u).tolist()
+        assert got == [_draw_reference(w[r].tolist(), u[r].item()) for r in range(16)]
+        torch.testing.assert_close(fixed_point_mass(w), w.double().sum(-1).float(), rtol=2e-7, atol=0)
+
+
+def _threshold_uniforms(w: torch.Tensor, g) -> torch.Tensor:
+    """Uniforms on the float32 CDF's own thresholds (u = cdf[i] / total at a random i): where a
+    float32 cumsum in another order lands on the other side."""
+    cdf = w.double().cumsum(-1)
+    i = torch.randint(0, w.shape[-1], (w.shape[0], 1), generator=g)
+    return (cdf.gather(1, i).squeeze(1) / cdf[:, -1]).float().clamp(max=1 - 2**-24)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("with_q", [False, True], ids=["onehot_q", "full_q"])
+def test_kernel_matches_twin_on_cdf_thresholds(with_q):
+    """V = 5,000 (two blocks of 4,096, not a power of two), 48 rows, uniforms placed on CDF
+    thresholds, flat and peaked targets, several rejections per node: exactly equal."""
+    g = torch.Generator().manual_seed(11)
+    B, V = 48, 5000
+    par = torch.tensor([-1, 0, 0, 0, 1]).expand(B, 5)
+    logits = torch.randn(B, 5, V, generator=g) * torch.tensor([0.1, 3.0]).repeat(B // 2)[:, None, None]
+    p = logits.softmax(-1)
+    q = (logits + torch.randn(B, 5, V, generator=g)).softmax(-1)
+    tok = torch.randint(0, V, (B, 5), generator=g)  # mostly rejected: the residual path runs
+    u = torch.rand(B, 5, generator=g)
+    su = _threshold_uniforms(p[:, 0], g)
+    got = tree_verify(par, tok, p, u, su, q if with_q else None, max_depth=2, impl="triton")
+    want = tree_verify_torch(par, tok, p, u, su, q if with_q else None, max_depth=2)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b), (a, b)
+    root_only = tree_verify(par[:, :1], tok[:, :1], p[:, :1], u[:, :1], su, impl="triton")
+    assert root_only.next_token.tolist() == [_draw_reference(p[r, 0].tolist(), su[r].item()) for r in range(B)]
+
+
 def _emitted(res, tokens, k):
     """First k emitted tokens per row: accepted drafts, then next_token. [B, k]"""
     path = res.accepted_path.clamp_min(0)

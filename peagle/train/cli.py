@@ -248,8 +248,10 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
 
 
 def _run_evaluate(args) -> int:
-    from .evaluate import run_cli
-
+    if args.suite is not None:
+        from .suite import run_cli
+    else:
+        from .evaluate import run_cli
     return run_cli(args)
 
 

@@ -149,7 +149,8 @@ def _by_context(accepted: torch.Tensor, anchors: torch.Tensor) -> list[dict]:
             for lo, hi, a, n in zip(bounds[:-1], bounds[1:], accepted.tolist(), anchors.tolist()) if n > 0]
 
 
-def run_cli(args) -> int:
+def cli_target(args):
+    """The target of ``peagle train evaluate``, loaded once its options are checked (here or with --suite)."""
     try:  # checked before the target loads
         parse_shards(args.shards)
     except ValueError as err:
@@ -164,9 +165,13 @@ def run_cli(args) -> int:
     if (args.data is None) == (getattr(args, "suite", None) is None):
         raise SystemExit("give either --data DIR or --suite [SET ...]")
     apply_threads(args.threads or "auto")
-    target = load_target_by_name(args.target, args.target_dtype)
-    if args.suite is not None:
-        return _run_suite(args, target)
+    return load_target_by_name(args.target, args.target_dtype)
+
+
+def run_cli(args) -> int:
+    """``peagle train evaluate --data DIR``: each head on held-out rows of one data directory."""
+    target = cli_target(args)
+    window = getattr(args, "attention_window", None)
     results = []
     for path in args.head:
         head = from_pretrained(path, target=target)
@@ -186,20 +191,3 @@ def run_cli(args) -> int:
     print(json.dumps(results))
     return 0
 
-
-def _run_suite(args, target) -> int:
-    from .suite import NAMES, depth_table, evaluate_suite, suite_table
-
-    unknown = set(args.suite) - set(NAMES)
-    if unknown:
-        raise SystemExit(f"--suite sets must be among {', '.join(NAMES)}, got {sorted(unknown)}")
-    try:
-        results = evaluate_suite(args.head, target, names=args.suite or None, draft_k=args.draft_k or 7,
-                                 max_sequences=args.max_sequences)
-    except FileNotFoundError as err:
-        raise SystemExit(str(err))
-    print(f"\nsuite, draft_k {args.draft_k or 7}, target {args.target_dtype}\n{suite_table(results)}\n\n{depth_table(results)}")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=1))
-    return 0

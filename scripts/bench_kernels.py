@@ -187,7 +187,7 @@ def _attention_rows(run, case, keys_read, B, Hkv, D, q, k, dt, L, timer, rows, p
                          check=f"max abs err vs twin {err:.2e}"))
 
 
-def _build(arch, kernel, values, constexprs, options, tag):
+def _build(arch, kernel, values, constexprs, options, tag, types=None):
     """Compile one kernel for sm_<arch> with the JIT's argument specialisation; print what matters."""
     import collections
     import re
@@ -212,11 +212,12 @@ def _build(arch, kernel, values, constexprs, options, tag):
                 attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             sig[name] = "fp32"
+    sig.update(types or {})  # pointer types a meta tensor cannot carry (float8)
     t0 = time.perf_counter()
     compiled = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", arch, 32),
                               options=options)
-    ops = collections.Counter(re.findall(r"wgmma\.[a-z0-9.]+|mma\.sync\.[a-z0-9.]+|cp\.async\.[a-z]+",
-                                         compiled.asm["ptx"]))
+    ops = collections.Counter(re.findall(r"wgmma\.[a-z0-9.]+|mma\.sync\.[a-z0-9.]+|cp\.async\.[a-z]+"
+                                         r"|cvt\.[a-z.]*e4m3x2[a-z0-9.]*", compiled.asm["ptx"]))
     print(f"{tag:<44} {time.perf_counter() - t0:5.1f}s  shared {compiled.metadata.shared:>6} B  {dict(ops)}")
 
 
@@ -259,9 +260,95 @@ def compile_tree_verify(arch: int) -> None:
                dict(num_warps=8), f"tree_verify greedy={greedy} q={has_q}")
 
 
+def bench_fp8_quant(K, torch, dev, quick, timer, rows, peak):
+    """Activation quantisation at Llama-8B decode shapes: the fused kernel vs the twin's ~5 kernels."""
+    from peagle.kernels.fp8_quant import quantize_fp8_rows
+
+    dt = torch.float32 if dev.type == "cpu" else torch.bfloat16
+    shapes = [(2, 64)] if quick else [(1, 4096), (32, 4096), (32, 14336), (256, 4096)]
+    g = torch.Generator(device=dev).manual_seed(2)
+    for M, Kd in shapes:
+        x = torch.randn(M, Kd, device=dev, generator=g).to(dt)
+        static = torch.tensor(0.01, device=dev)
+        for case, scale in (("dynamic", None), ("static", static)):
+            run = {impl: (lambda impl=impl, scale=scale: quantize_fp8_rows(x, scale, impl=impl))
+                   for impl in ("torch", "triton")}
+            a, b = run["triton"](), run["torch"]()
+            same = torch.equal(a[0].view(torch.uint8), b[0].view(torch.uint8)) and torch.equal(a[1], b[1])
+            t = {impl: timer(fn) for impl, fn in run.items()}
+            for impl in run:
+                rows.append(dict(kernel="fp8_quant", case=case, provider=impl, shape=f"M={M} K={Kd}",
+                                 dtype=str(dt).replace("torch.", ""), ms_p50=t[impl][0], ms_p20=t[impl][1],
+                                 ms_p80=t[impl][2], speedup_vs_torch=t["torch"][0] / t[impl][0],
+                                 check=f"bit-equal {same}"))
+
+
+def bench_fp8_matmul(K, torch, dev, quick, timer, rows, peak):
+    """Weight-only FP8 at decode shapes: kernel vs twin, and a bf16 matmul (``bf16``) for scale."""
+    from peagle.kernels.fp8_matmul import fp8_weight_only_mm
+
+    dt = torch.float32 if dev.type == "cpu" else torch.bfloat16
+    shapes = [(1, 64, 48)] if quick else [(1, 4096, 4096), (1, 4096, 14336), (8, 4096, 6144), (32, 14336, 4096)]
+    g = torch.Generator(device=dev).manual_seed(3)
+    for M, Kd, N in shapes:
+        x = torch.randn(M, Kd, device=dev, generator=g).to(dt)
+        w = torch.randn(N, Kd, device=dev, generator=g).to(dt) / Kd**0.5
+        scale = (w.float().abs().amax(1, keepdim=True) / 448).clamp_min(1e-12)
+        w8 = (w.float() / scale).to(torch.float8_e4m3fn)
+        run = {impl: (lambda impl=impl: fp8_weight_only_mm(x, w8, scale, impl=impl)) for impl in ("torch", "triton")}
+        run["bf16"] = lambda: x @ w.t()
+        err = (run["triton"]().float() - run["torch"]().float()).abs().max().item()
+        t = {impl: timer(fn) for impl, fn in run.items()}
+        moved = N * Kd + M * Kd * x.element_size() + M * N * x.element_size()  # fp8 weight bytes dominate
+        for impl in run:
+            nbytes = moved + (N * Kd * (w.element_size() - 1) if impl == "bf16" else 0)
+            bw = nbytes / (t[impl][0] * 1e-3)
+            rows.append(dict(kernel="fp8_matmul", case="weight_only", provider=impl, shape=f"M={M} K={Kd} N={N}",
+                             dtype=str(dt).replace("torch.", ""), ms_p50=t[impl][0], ms_p20=t[impl][1],
+                             ms_p80=t[impl][2], speedup_vs_torch=t["torch"][0] / t[impl][0],
+                             gbytes_per_s=bw / 1e9, frac_peak_bw=(bw / peak) if peak else "",
+                             check=f"max abs diff kernel vs twin {err:.2e}"))
+
+
+def compile_fp8_quant(arch: int) -> None:
+    """Compile the activation-quantisation kernel for sm_<arch>: dynamic and static, bf16 rows of 4,096."""
+    import torch
+
+    from peagle.kernels import fp8_quant_triton as F
+
+    M, Kd = 32, 4096
+    x = torch.empty(M, Kd, dtype=torch.bfloat16, device="meta")
+    y = torch.empty(M, Kd, dtype=torch.float32, device="meta")  # the fp8 output pointer (typed below)
+    s = torch.empty(M, dtype=torch.float32, device="meta")
+    for static in (False, True):
+        values = [x, y, s, s, Kd, Kd, Kd]
+        _build(arch, F._quantize_rows_kernel, values, dict(STATIC=static, BLOCK=F.BLOCK_K),
+               dict(num_warps=8), f"fp8_quant static={static}", types={"Y_ptr": "*fp8e4nv"})
+
+
+def compile_fp8_matmul(arch: int) -> None:
+    """Compile the weight-only FP8 matmul for sm_<arch> at a decode shape (M = 1), bf16 and fp32 x."""
+    import torch
+
+    from peagle.kernels import fp8_matmul_triton as F
+
+    M, Kd, N = 1, 4096, 14336
+    bm, bn, bk = F.block_sizes(M, N)
+    for dt, dot16 in ((torch.bfloat16, True), (torch.float32, False)):
+        x = torch.empty(M, Kd, dtype=dt, device="meta")
+        w = torch.empty(N, Kd, dtype=torch.float32, device="meta")  # typed fp8 below
+        s = torch.empty(N, dtype=torch.float32, device="meta")
+        values = [x, w, s, x, M, N, Kd, Kd, 1, Kd, 1, N, 1]
+        _build(arch, F._weight_only_kernel, values,
+               dict(ROW_SCALE=True, DOT16=dot16, PRECISION="ieee", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk),
+               dict(num_warps=4, num_stages=4), f"fp8_matmul x={dt} dot16={dot16}", types={"W_ptr": "*fp8e4nv"})
+
+
 # One entry per op, named as the op: kernels/<op>.py, tests/test_kernels_<op>.py.
-BENCHES = {"tree_verify": bench_tree_verify, "parallel_draft_attention": bench_parallel_draft_attention}
-COMPILES = {"tree_verify": compile_tree_verify, "parallel_draft_attention": compile_parallel_draft_attention}
+BENCHES = {"tree_verify": bench_tree_verify, "parallel_draft_attention": bench_parallel_draft_attention,
+           "fp8_quant": bench_fp8_quant, "fp8_matmul": bench_fp8_matmul}
+COMPILES = {"tree_verify": compile_tree_verify, "parallel_draft_attention": compile_parallel_draft_attention,
+            "fp8_quant": compile_fp8_quant, "fp8_matmul": compile_fp8_matmul}
 
 
 def compile_only(arch: int, ops: list[str]) -> int:

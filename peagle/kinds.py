@@ -1,8 +1,8 @@
 """Head kinds: the small interface a kind of draft head implements, and the registry of kinds.
 
 A kind (P-EAGLE, EAGLE-3, DFlash, the next one) is a unit: its config, layers, drafter and
-checkpoint format live with it (``peagle/drafters/``), its training side in ``peagle/train/``
-(:class:`peagle.train.kind.TrainKind`). The generic machinery -- ``peagle.checkpoint`` (save,
+checkpoint format live with it (``peagle/drafters/``), its training side in ``peagle/train/kinds/``
+(:class:`peagle.train.kinds.base.TrainKind`). The generic machinery -- ``peagle.checkpoint`` (save,
 load, recognise a head directory), ``peagle export``, ``peagle bench``, the trainer -- asks this
 registry (``kinds.get(name)``, ``kinds.of(head)``) and calls the kind; it never compares kind
 names. This module imports no kind: the built-in kinds register in ``peagle/drafters/__init__.py``,

@@ -4,7 +4,7 @@
 #
 #   bash scripts/broad_data.sh            # resumes: finished shards are kept, a partial one continues
 #
-# Kinds (peagle/train/sources.py and magpie.py): writing (a document plus a task), math (word
+# Kinds (peagle/train/data/sources.py and magpie.py): writing (a document plus a task), math (word
 # problems), code_tasks (fix, refactor, review...), long_turns (2-4k-token conversations), magpie
 # (requests the target writes itself). Every directory keeps the suite's sets and the held-out
 # ShareGPT shards out (--exclude-prompts; the broad kinds' own "eval" split is disjoint by construction).

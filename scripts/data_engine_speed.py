@@ -31,7 +31,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from peagle.embedded import load_target
     from peagle.machine import apply_threads
-    from peagle.train.data import GenerationSettings, _encode, read_prompts, run_engine
+    from peagle.train.data import GenerationSettings
+    from peagle.train.data.regeneration import _encode, read_prompts, run_engine
 
     apply_threads(1)
     arms = []

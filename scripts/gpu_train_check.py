@@ -10,7 +10,7 @@ answered greedily by the target itself (peagle.train.tiny.make_tiny_data), a dra
 feature cache. Shard 0 is held out. Then for each trainable kind of peagle.kinds (P-EAGLE depth 8
 with COD 0.8/0.2, EAGLE-3 with 7 TTT steps, DFlash where registered) the trainer's step (plan,
 features, step, clip, AdamW) runs for ``--minutes`` under bf16 autocast, and the head is judged on
-the held-out shard by ``peagle.train.evaluate`` (greedy acceptance at draft_k 7, on the CPU: it
+the held-out shard by ``peagle.train.trainer.evaluate`` (greedy acceptance at draft_k 7, on the CPU: it
 reads cached features there). Writes DIR/train_check.json and DIR/train_check.csv (kind,
 steps, supervised elements/s, tokens/s, loss first/last, held-out acceptance); prints a table, then
 one JSON line.
@@ -52,9 +52,9 @@ def build_target(shape: str, device: str, dtype: torch.dtype):
 
 
 def make_data(target, out: Path, prompts: int, prompt_len: int, new_tokens: int, shard: int, vocab: int) -> None:
-    from peagle.train.features import build_cache
+    from peagle.train.data.features import build_cache
+    from peagle.train.data.vocab import build_draft_vocab
     from peagle.train.tiny import make_tiny_data
-    from peagle.train.vocab import build_draft_vocab
 
     make_tiny_data(target, out, num_prompts=prompts, prompt_len=prompt_len, new_tokens=new_tokens, shard_size=shard)
     build_draft_vocab(out, vocab, target.vocab_size)
@@ -65,7 +65,11 @@ def train_kind(kind_name: str, target, data: Path, train_shards: str, seconds: f
                bf16: bool, batch: int, max_len: int) -> tuple[dict, object]:
     """The trainer's step for ``seconds``; returns throughput figures and the head."""
     from peagle.train import kinds
-    from peagle.train.trainer import TrainConfig, TrainSet, _seq_generator, global_batch, make_optimizer, micro_batches, trainable
+    from peagle.train.data.rows import global_batch
+    from peagle.train.trainer import TrainConfig
+    from peagle.train.trainer.batches import TrainSet, micro_batches
+    from peagle.train.trainer.loop import _seq_generator
+    from peagle.train.trainer.schedule import make_optimizer, trainable
 
     kind = kinds.get(kind_name)
     cfg = TrainConfig.from_dict(dict(kind=kind_name, data=str(data), out=str(data / f"run_{kind_name}"), shards=train_shards,
@@ -111,7 +115,7 @@ def train_kind(kind_name: str, target, data: Path, train_shards: str, seconds: f
 
 
 def held_out(head, target, data: Path, sequences: int) -> float:
-    from peagle.train.evaluate import evaluate_head
+    from peagle.train.trainer.evaluate import evaluate_head
 
     cpu_target = target.to_device("cpu")  # evaluation reads cached features on the CPU
     res = evaluate_head(head.cpu().float(), cpu_target, data, shards="0", draft_k=7, max_sequences=sequences,

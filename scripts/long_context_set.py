@@ -22,8 +22,9 @@ import random
 import torch
 
 from peagle.embedded import load_target
-from peagle.train.data import GenerationSettings, encode_prompt, excluded_ids, regenerate
-from peagle.train.prompts import EvalFilter, conversation_id, sharegpt_followups
+from peagle.train.data import GenerationSettings, regenerate
+from peagle.train.data.prompts import EvalFilter, conversation_id, sharegpt_followups
+from peagle.train.data.regeneration import encode_prompt, excluded_ids
 
 DEFAULT_EXCLUDE = ("data/smollm2-v2/prompts.jsonl.gz", "data/embedded-regenerated/prompts.jsonl")
 

@@ -16,7 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from peagle.train.shards import parse_shards, read_rows, save_shard, shard_dir, shard_metadata
+from peagle.train.data.shards import parse_shards, read_rows, save_shard, shard_dir, shard_metadata
 
 
 def merge(sources: list[tuple[str, str]], out: Path) -> list[dict]:

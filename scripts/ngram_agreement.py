@@ -13,7 +13,7 @@ import argparse
 import collections
 import json
 
-from peagle.train.shards import answer_rows, shard_spec
+from peagle.train.data.shards import answer_rows, shard_spec
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -8,7 +8,7 @@ TTT steps; N = 6,144; 8 sequences a step, max_len 1024) exactly as ``peagle trai
 ``--warmup`` steps, times ``--steps`` more phase by phase (plan, data loading, forward+backward,
 optimizer; CPU seconds of this process, so other jobs on the machine do not count), then
 profiles one more step with torch.profiler and attributes every op's own time to
-the innermost ``train.*`` region of peagle/train/forward.py and attention.py around it. A backward
+the innermost ``train.*`` region of peagle/train/packed/forward.py and attention.py around it. A backward
 op is attributed to the region of the forward op that created it (the autograd sequence number),
 so e.g. ``train.lm_head`` covers the lm_head matmuls forward, backward and any recomputation.
 The human table first, one JSON line last.
@@ -29,20 +29,17 @@ if "peagle" not in sys.modules:  # scripts/train_speed.py imports another tree's
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from peagle.embedded import load_target_by_name  # noqa: E402
-from peagle.train.eagle3 import eagle3_step, plan_eagle3  # noqa: E402
-from peagle.train.forward import StepStats  # noqa: E402
-from peagle.train.peagle import peagle_step, plan_peagle  # noqa: E402
-from peagle.train.plan import pack  # noqa: E402
-from peagle.train.trainer import (  # noqa: E402
-    TrainConfig,
-    TrainSet,
-    _seq_generator,
-    build_head,
-    global_batch,
-    make_optimizer,
-    micro_batches,
-    trainable,
-)
+from peagle.train.data.rows import global_batch
+from peagle.train.kinds.eagle3.plan import plan_eagle3
+from peagle.train.kinds.eagle3.step import eagle3_step  # noqa: E402
+from peagle.train.kinds.peagle.plan import plan_peagle
+from peagle.train.kinds.peagle.step import peagle_step  # noqa: E402
+from peagle.train.packed.forward import StepStats  # noqa: E402
+from peagle.train.packed.stream import pack  # noqa: E402
+from peagle.train.trainer import TrainConfig
+from peagle.train.trainer.batches import TrainSet, micro_batches
+from peagle.train.trainer.loop import _seq_generator, build_head
+from peagle.train.trainer.schedule import make_optimizer, trainable
 
 #: the shipped recipe (scripts/train_embedded.sh) per head kind
 LOG_EVERY = 10  # the recipe's --log-every: agreement is counted on logged steps only
@@ -61,7 +58,7 @@ class Session:
 
     def __init__(self, kind: str, data: str, shards: str | None, precision: str = "fp32", seed: int = 0,
                  target=None, step_kwargs: dict | None = None, **overrides):
-        from peagle.train.vocab import load_draft_vocab
+        from peagle.train.data.vocab import load_draft_vocab
 
         opts = dict(draft_vocab_size=6144, batch_size=8, max_len=1024, micro_batch_tokens=4096, lr=1e-3,
                     warmup_steps=20, **RECIPE[kind])

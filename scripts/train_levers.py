@@ -13,7 +13,7 @@ rusage) go into the table, so an unequal budget shows. Resumable: a lever whose
 
 * ``baseline``: the recipe from scratch.
 * ``curriculum``: half the budget with 4 trained depths, then 8 (a second run from the first's weights).
-* ``warm_eagle3``: ``--init-from`` the shipped EAGLE-3 head (peagle/train/warm_start.py: the head
+* ``warm_eagle3``: ``--init-from`` the shipped EAGLE-3 head (peagle/train/kinds/peagle/warm_start.py: the head
   starts as EAGLE-3 at depth 0).
 * ``lr2e-3_b4``: lr 2e-3, 4 sequences a step (twice the steps).
 * ``cod_0.6_0.05``: COD ratio 0.6, floor 0.05: fewer deep elements, where decoding accepts ~0.
@@ -57,8 +57,8 @@ def _opt(args: list[str], name: str, default: str) -> str:
 
 def elements_per_step(data, mask_id: int, args: list[str], steps: int = 12) -> float:
     """Mean drafter elements (depth 0 + COD chains) of the run's first ``steps`` batches."""
-    from peagle.train.peagle import plan_peagle
-    from peagle.train.trainer import global_batch
+    from peagle.train.data.rows import global_batch
+    from peagle.train.kinds.peagle.plan import plan_peagle
 
     batch, depth = int(_opt(args, "--batch-size", "8")), int(_opt(args, "--max-depth", "8"))
     r, rmin = float(_opt(args, "--cod-ratio", "0.8")), float(_opt(args, "--cod-min-ratio", "0.2"))
@@ -83,7 +83,7 @@ def run_lever(name: str, phases, args, data, mask_id) -> dict:
         steps = max(2, round(share * budget_s / per_step))
         run_dir = out / f"phase{i}"
         if init == "eagle3":
-            extra += ["--init-from", args.eagle3]  # peagle.train.warm_start: P-EAGLE begins as EAGLE-3 at depth 0
+            extra += ["--init-from", args.eagle3]  # peagle.train.kinds.peagle.warm_start: P-EAGLE begins as EAGLE-3 at depth 0
         elif init == "shipped":
             extra += ["--init-from", args.peagle]
         elif init == "previous":
@@ -132,8 +132,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     from peagle.embedded import load_target_by_name
-    from peagle.train.trainer import TrainSet
-    from peagle.train.vocab import load_draft_vocab
+    from peagle.train.data.vocab import load_draft_vocab
+    from peagle.train.trainer.batches import TrainSet
 
     target = load_target_by_name("default", "bfloat16")
     used_ids = load_draft_vocab(args.data, 6144)

@@ -1,7 +1,7 @@
 """Write a row file of the answers no earlier training stage drew (for `peagle train ... --rows`).
 
 A stage's draws follow from its shards, step count, seed, batch size and max_len alone
-(peagle.train.rows), so the stages of a continued head are enough to list what it has not seen.
+(peagle.train.data.rows), so the stages of a continued head are enough to list what it has not seen.
 The stages of the shipped EAGLE-3 head on `data/smollm2-v2` (docs/results.md, "The embedded run"):
 
     python scripts/unseen_rows.py --data data/smollm2-v2 --shards 1-42 --max-len 1024 --batch-size 8 \\
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 
-from peagle.train.rows import training_rows, unseen_rows, write_row_file
-from peagle.train.shards import parse_shards
+from peagle.train.data.rows import training_rows, unseen_rows, write_row_file
+from peagle.train.data.shards import parse_shards
 
 
 def parse_stage(spec: str) -> dict:

@@ -14,7 +14,7 @@ import argparse
 import collections
 import json
 
-from peagle.train.shards import answer_rows, shard_spec
+from peagle.train.data.shards import answer_rows, shard_spec
 
 
 def coverage(vocab: set[int], heldout: list[tuple[str, list[int]]]) -> dict:

@@ -1,5 +1,5 @@
 """attention_window: an EAGLE-3 / P-EAGLE head attends only the last N context positions, in
-decoding (chains and trees), in training / evaluation (peagle.train.attention.visible) and in its
+decoding (chains and trees), in training / evaluation (peagle.train.packed.attention.visible) and in its
 saved config; the output stays the target's."""
 from __future__ import annotations
 

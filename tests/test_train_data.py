@@ -5,13 +5,13 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from peagle.train.corpora import iter_json_array
 from peagle.train.data import GenerationSettings, regenerate
-from peagle.train.features import DraftVocabLogits, FeatureCache, build_cache, extract, output_logits
-from peagle.train.prompts import EvalFilter, evaluation_texts, stdlib_code_prompts
-from peagle.train.shards import load_data, shard_metadata
+from peagle.train.data.corpora import iter_json_array
+from peagle.train.data.features import DraftVocabLogits, FeatureCache, build_cache, extract, output_logits
+from peagle.train.data.prompts import EvalFilter, evaluation_texts, stdlib_code_prompts
+from peagle.train.data.shards import load_data, shard_metadata
+from peagle.train.data.vocab import build_draft_vocab, token_counts, top_n_vocab
 from peagle.train.tiny import make_tiny_data, tiny_target
-from peagle.train.vocab import build_draft_vocab, token_counts, top_n_vocab
 
 
 @pytest.fixture(scope="module")

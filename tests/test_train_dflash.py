@@ -1,4 +1,4 @@
-"""DFlash training: the plan and mask of peagle/train/dflash/plan.py, the step against the drafter's own math."""
+"""DFlash training: the plan and mask of peagle/train/kinds/dflash/plan.py, the step against the drafter's own math."""
 import json
 import math
 import os
@@ -17,10 +17,10 @@ from peagle.drafters.base import DraftStep
 from peagle.drafters.dflash import DFlashConfig, DFlashDrafter
 from peagle.sampling import SamplingParams
 from peagle.train.cli import main as train_main
-from peagle.train.dflash.plan import block_attention, block_mask, default_gamma, plan_dflash, sample_anchors
-from peagle.train.dflash.step import Readout, dflash_forward, dflash_step
-from peagle.train.forward import Features
-from peagle.train.plan import pack
+from peagle.train.kinds.dflash.plan import block_attention, block_mask, default_gamma, plan_dflash, sample_anchors
+from peagle.train.kinds.dflash.step import Readout, dflash_forward, dflash_step
+from peagle.train.packed.forward import Features
+from peagle.train.packed.stream import pack
 from peagle.train.tiny import make_tiny_data, save_tiny_target, tiny_target
 
 
@@ -215,14 +215,14 @@ def test_cli_trains_a_head_that_drafts_losslessly(workdir, loss_vocab):
 
 def test_evaluation_acceptance_matches_decoding_drafts(workdir):
     """The evaluated agreement at depth 1 equals what DFlashDrafter drafts on the same contexts."""
-    from peagle.train.evaluate import evaluate_head
+    from peagle.train.trainer.evaluate import evaluate_head
 
     root, target = workdir
     out = root / "run_full"  # the head of test_cli_trains_a_head_that_drafts_losslessly (trained here if absent)
     assert train_main(_args(root, out, "--max-steps", "15", "--loss-vocab", "full", "--draft-vocab-size", str(VOCAB_N))) == 0
     head = from_pretrained(out / "final", target=target)
     res = evaluate_head(head, target, root / "data", shards="2", draft_k=3, max_sequences=2, show_progress=False)
-    from peagle.train.trainer import TrainSet
+    from peagle.train.trainer.batches import TrainSet
 
     data = TrainSet(root / "data", 1024, target, torch.arange(target.vocab_size), "cache", "2")
     hits = total = 0
@@ -248,8 +248,8 @@ def _cli(*args):
     return [sys.executable, "-m", "peagle.train", *args]
 
 
-# `peagle train` whose steps each take 0.5 s longer (trainer.global_batch patched), so a kill lands mid-run.
-_SLOW_CLI = ("import sys, time; import peagle.train.trainer as t; batch = t.global_batch; "
+# `peagle train` whose steps each take 0.5 s longer (the loop's global_batch patched), so a kill lands mid-run.
+_SLOW_CLI = ("import sys, time; import peagle.train.trainer.loop as t; batch = t.global_batch; "
              "t.global_batch = lambda *a: (time.sleep(0.5), batch(*a))[1]; "
              "from peagle.train.cli import main; sys.exit(main(sys.argv[1:]))")
 

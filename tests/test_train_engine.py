@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from peagle.sampling import SamplingParams
-from peagle.train.data import GenerationSettings, generate_answers, generate_shard, run_engine
-from peagle.train.engine import ContinuousBatcher
-from peagle.train.shards import read_rows, save_shard, shard_dir
+from peagle.train.data import GenerationSettings
+from peagle.train.data.engine import ContinuousBatcher
+from peagle.train.data.regeneration import generate_answers, generate_shard, run_engine
+from peagle.train.data.shards import read_rows, save_shard, shard_dir
 from peagle.train.tiny import tiny_model, tiny_target
 
 
@@ -125,7 +126,7 @@ class _CharTokenizer:
 def test_magpie_keeps_closed_distinct_turns(model):
     from types import SimpleNamespace
 
-    from peagle.train.magpie import magpie_prompts, user_turn_prefix
+    from peagle.train.data.magpie import magpie_prompts, user_turn_prefix
 
     tok = _CharTokenizer()
     assert user_turn_prefix(tok) == tok("<user>")["input_ids"]
@@ -139,7 +140,7 @@ def test_magpie_keeps_closed_distinct_turns(model):
 
 
 def test_prompts_extend_only_an_unstarted_last_shard(tmp_path):
-    from peagle.train.data import extend_prompts, read_prompts
+    from peagle.train.data.regeneration import extend_prompts, read_prompts
 
     (tmp_path / "shards").mkdir()
     rec = lambda i: {"id": f"p/{i}", "source": "x", "input_ids": [3, 4]}  # noqa: E731
@@ -152,7 +153,7 @@ def test_prompts_extend_only_an_unstarted_last_shard(tmp_path):
 
 
 def test_auto_dtype_keeps_a_started_directorys_own(tmp_path):
-    from peagle.train.data import generation_dtype, resumed_dtype
+    from peagle.train.data.regeneration import generation_dtype, resumed_dtype
 
     assert resumed_dtype(tmp_path, "auto") == "auto" and resumed_dtype(tmp_path, "float32") == "float32"
     assert generation_dtype("auto") in ("bfloat16", "float32") and generation_dtype("float32") == "float32"
@@ -164,7 +165,7 @@ def test_exclude_prompts_reads_shards_of_a_plain_or_gzipped_list(tmp_path):
     import gzip
 
     from peagle.train.cli import main as train_main
-    from peagle.train.data import excluded_ids
+    from peagle.train.data.regeneration import excluded_ids
 
     lines = "".join(json.dumps({"id": f"p/{i}"}) + "\n" for i in range(6))
     (tmp_path / "a.jsonl").write_text(lines)
@@ -176,7 +177,7 @@ def test_exclude_prompts_reads_shards_of_a_plain_or_gzipped_list(tmp_path):
 
 
 def test_exclude_prompts_covers_every_conversation_a_stitched_prompt_names(tmp_path):
-    from peagle.train.data import excluded_ids
+    from peagle.train.data.regeneration import excluded_ids
 
     (tmp_path / "long.jsonl").write_text(json.dumps({"id": "long/a+b", "conversations": ["sharegpt/a", "sharegpt/b"]}) + "\n")
     assert excluded_ids(str(tmp_path / "long.jsonl")) == {"long/a+b", "sharegpt/a", "sharegpt/b"}
@@ -193,7 +194,7 @@ def _fake_vllm(monkeypatch, exit_after: int = -1):
 
 def test_vllm_engine_streams_answers_chunk_by_chunk_and_a_killed_engine_keeps_them(monkeypatch):
     from peagle.train.data import GenerationSettings
-    from peagle.train.engine_vllm import vllm_answers
+    from peagle.train.data.engine_vllm import vllm_answers
 
     settings = GenerationSettings(target="some/model", dtype="float32", max_new_tokens=2)
     prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10], [11]]
@@ -213,7 +214,7 @@ def test_vllm_engine_streams_answers_chunk_by_chunk_and_a_killed_engine_keeps_th
 
 def test_vllm_engine_samples_on_a_cpu_without_per_request_seeds(monkeypatch):
     from peagle.train.data import GenerationSettings
-    from peagle.train.engine_vllm import vllm_answers
+    from peagle.train.data.engine_vllm import vllm_answers
 
     settings = GenerationSettings(target="some/model", dtype="float32", max_new_tokens=2, temperature=0.7)
     _fake_vllm(monkeypatch)  # raises, as vLLM's CPU build does, on a seeded sampled request
@@ -233,7 +234,7 @@ def test_the_vllm_process_dies_with_peagle(monkeypatch, tmp_path):
     monkeypatch.setenv("FAKE_VLLM_SLEEP", "60")
     pid_file = tmp_path / "child.pid"
     monkeypatch.setenv("FAKE_VLLM_PID_FILE", str(pid_file))
-    code = ("from peagle.train.data import GenerationSettings\nfrom peagle.train.engine_vllm import vllm_answers\n"
+    code = ("from peagle.train.data import GenerationSettings\nfrom peagle.train.data.engine_vllm import vllm_answers\n"
             "vllm_answers(GenerationSettings(target='m', dtype='float32', max_new_tokens=2), [[1, 2]], seed=0)\n")
     parent = subprocess.Popen([sys.executable, "-c", code])
     for _ in range(1200):  # importing torch takes seconds, minutes on a loaded machine

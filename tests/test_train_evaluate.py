@@ -8,10 +8,10 @@ from peagle.checkpoint import from_pretrained
 from peagle.drafters.base import DraftStep
 from peagle.sampling import SamplingParams
 from peagle.train.cli import main as train_main
-from peagle.train.evaluate import evaluate_head
-from peagle.train.shards import parse_shards
+from peagle.train.data.shards import parse_shards
 from peagle.train.tiny import make_tiny_workdir
-from peagle.train.trainer import TrainSet
+from peagle.train.trainer.batches import TrainSet
+from peagle.train.trainer.evaluate import evaluate_head
 
 VOCAB_N = 128
 K = 3
@@ -60,7 +60,7 @@ def _brute_force_acceptance(head, target, data_dir, shard: str) -> tuple[float, 
 
 @pytest.mark.parametrize("kind", ["peagle", "eagle3"])
 def test_offline_acceptance_equals_the_drafters_own(trained, kind, monkeypatch):
-    import peagle.train.evaluate as evaluate
+    import peagle.train.trainer.evaluate as evaluate
 
     monkeypatch.setattr(evaluate, "CONTEXT_BINS", (0, 12, 24, 48))  # the tiny data's sequences are short
     root, target, heads = trained

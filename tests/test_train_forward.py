@@ -5,10 +5,12 @@ import torch.nn.functional as F
 
 from peagle.drafters.base import DraftStep
 from peagle.sampling import SamplingParams
-from peagle.train.eagle3 import eagle3_depths, eagle3_step, plan_eagle3
-from peagle.train.forward import Features, PassRunner, kl_target_draft
-from peagle.train.peagle import peagle_chains, peagle_step, plan_peagle
-from peagle.train.plan import depth0, pack
+from peagle.train.kinds.eagle3.plan import eagle3_depths, plan_eagle3
+from peagle.train.kinds.eagle3.step import eagle3_step
+from peagle.train.kinds.peagle.plan import peagle_chains, plan_peagle
+from peagle.train.kinds.peagle.step import peagle_step
+from peagle.train.packed.forward import Features, PassRunner, kl_target_draft
+from peagle.train.packed.stream import depth0, pack
 from peagle.train.tiny import tiny_head, tiny_target
 
 

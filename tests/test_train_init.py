@@ -4,7 +4,8 @@ import torch
 
 from peagle.train import kinds
 from peagle.train.tiny import tiny_target
-from peagle.train.trainer import TrainConfig, build_head
+from peagle.train.trainer import TrainConfig
+from peagle.train.trainer.loop import build_head
 
 
 @pytest.mark.parametrize("kind", ["peagle", "eagle3"])
@@ -32,7 +33,7 @@ def test_lm_head_starts_as_the_targets(kind, tmp_path):
 
 def test_init_from_copies_a_saved_head_and_refuses_another_shape(tmp_path):
     from peagle.checkpoint import save_pretrained
-    from peagle.train.trainer import load_weights_from
+    from peagle.train.trainer.checkpoints import load_weights_from
 
     torch.set_num_threads(1)
     target = tiny_target(hidden=64, layers=4, vocab=256)
@@ -57,7 +58,7 @@ def test_init_from_copies_a_saved_head_and_refuses_another_shape(tmp_path):
 
 def test_init_from_an_eagle3_head(tmp_path):
     from peagle.checkpoint import read_config, save_pretrained
-    from peagle.train.trainer import load_weights_from
+    from peagle.train.trainer.checkpoints import load_weights_from
 
     target = tiny_target(hidden=64, layers=4, vocab=256)
     used = torch.arange(0, 256, 2)
@@ -86,7 +87,7 @@ def _depth0_logits(head, target, tokens, hidden):
 
 def test_peagle_warm_started_from_eagle3_drafts_depth0_as_eagle3(tmp_path):
     from peagle.checkpoint import save_pretrained
-    from peagle.train.trainer import load_weights_from
+    from peagle.train.trainer.checkpoints import load_weights_from
 
     torch.set_num_threads(1)
     target = tiny_target(hidden=64, layers=4, vocab=256)

@@ -67,8 +67,8 @@ def _cli(*args):
     return [sys.executable, "-m", "peagle.train", *args]
 
 
-# `peagle train` whose steps each take 0.5 s longer (trainer.global_batch patched), so a kill lands mid-run.
-_SLOW_CLI = ("import sys, time; import peagle.train.trainer as t; batch = t.global_batch; "
+# `peagle train` whose steps each take 0.5 s longer (the loop's global_batch patched), so a kill lands mid-run.
+_SLOW_CLI = ("import sys, time; import peagle.train.trainer.loop as t; batch = t.global_batch; "
              "t.global_batch = lambda *a: (time.sleep(0.5), batch(*a))[1]; "
              "from peagle.train.cli import main; sys.exit(main(sys.argv[1:]))")
 
@@ -154,7 +154,7 @@ def test_reschedule_shortens_a_run_from_its_checkpoint(workdir):
 def test_max_minutes_fits_the_run_and_a_resume_keeps_the_fitted_length(workdir, monkeypatch):
     import shutil
 
-    import peagle.train.trainer as trainer
+    import peagle.train.trainer.loop as trainer
 
     root, _ = workdir
     out = root / "minutes"
@@ -177,7 +177,7 @@ def test_max_minutes_fits_the_run_and_a_resume_keeps_the_fitted_length(workdir, 
 def test_max_minutes_refits_from_the_steps_after_warm_up(workdir, monkeypatch, capsys):
     import re
 
-    import peagle.train.trainer as trainer
+    import peagle.train.trainer.loop as trainer
 
     root, _ = workdir
     batch = trainer.global_batch

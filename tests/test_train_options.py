@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from peagle.train.config import TrainConfig, saved_config
-from peagle.train.dflash.kind import DFlashOptions
-from peagle.train.eagle3 import Eagle3Options
-from peagle.train.peagle import PEagleOptions
-from peagle.train.trainer import check_resume_config
+from peagle.train.kinds.dflash.kind import DFlashOptions
+from peagle.train.kinds.eagle3.kind import Eagle3Options
+from peagle.train.kinds.peagle.kind import PEagleOptions
+from peagle.train.trainer.checkpoints import check_resume_config
+from peagle.train.trainer.config import TrainConfig, saved_config
 
 
 def old_flat_config(kind: str, **values) -> dict:

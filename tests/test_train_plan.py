@@ -1,16 +1,16 @@
 """COD sampling, the P-EAGLE attention mask and sequence partitioning, on hand-worked examples."""
 import torch
 
-from peagle.train.attention import visible
-from peagle.train.eagle3 import eagle3_depths
-from peagle.train.peagle import cod_counts, peagle_chains, segments
-from peagle.train.plan import depth0, pack
+from peagle.train.kinds.eagle3.plan import eagle3_depths
+from peagle.train.kinds.peagle.plan import cod_counts, peagle_chains, segments
+from peagle.train.packed.attention import visible
+from peagle.train.packed.stream import depth0, pack
 
 MASK = 99
 
 
 def _example():
-    # The worked example of peagle/train/plan.py: T = 8, prompt_len = 4, K = 3, every chain kept.
+    # The worked example of peagle/train/packed/stream.py: T = 8, prompt_len = 4, K = 3, every chain kept.
     packed = pack([list(range(10, 18))], [4])
     d0 = depth0(packed)
     chains = peagle_chains(packed, d0, max_depth=3, mask_token_id=MASK, ratio=1.0, min_ratio=1.0)

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from peagle.train.plot import plot_runs, read_log
+from peagle.train.trainer.plot import plot_runs, read_log
 
 
 def _log(run, steps):

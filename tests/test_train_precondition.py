@@ -7,8 +7,8 @@ from safetensors.torch import load_file
 
 import peagle
 from peagle.checkpoint import from_pretrained, save_pretrained
-from peagle.train.precondition import aux_rms, precondition_fc, raw_state
 from peagle.train.tiny import tiny_head, tiny_target
+from peagle.train.trainer.precondition import aux_rms, precondition_fc, raw_state
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,8 @@ def test_saved_preconditioned_head_is_a_plain_head_that_drafts_the_same(target, 
 
 
 def test_runs_written_before_the_option_resume_without_it(tmp_path):
-    from peagle.train.trainer import TrainConfig, check_resume_config
+    from peagle.train.trainer import TrainConfig
+    from peagle.train.trainer.checkpoints import check_resume_config
 
     cfg = TrainConfig(kind="peagle", data="d", out="o")
     saved = {k: v for k, v in cfg.flat().items() if k != "precondition"}
@@ -121,14 +122,14 @@ def test_a_run_saved_before_auto_precision_resumes_where_auto_means_fp32(tmp_pat
     import json
     from dataclasses import asdict
 
-    from peagle.train import trainer
-    from peagle.train.trainer import TrainConfig, check_resume_config
+    from peagle.train.trainer import TrainConfig, checkpoints
+    from peagle.train.trainer.checkpoints import check_resume_config
 
     saved = asdict(TrainConfig(kind="peagle", data="d", out="o"))
     del saved["mixed_precision"]  # written before the option existed: it ran in fp32
     (tmp_path / "trainer_state.json").write_text(json.dumps({"config": saved}))
-    monkeypatch.setattr(trainer, "resolve_mixed_precision", lambda m: "no" if m in ("auto", "no") else m)
+    monkeypatch.setattr(checkpoints, "resolve_mixed_precision", lambda m: "no" if m in ("auto", "no") else m)
     check_resume_config(tmp_path, TrainConfig(kind="peagle", data="d", out="o"))  # saved: no key -> "no"
-    monkeypatch.setattr(trainer, "resolve_mixed_precision", lambda m: "bf16" if m in ("auto", "bf16") else m)
+    monkeypatch.setattr(checkpoints, "resolve_mixed_precision", lambda m: "bf16" if m in ("auto", "bf16") else m)
     with pytest.raises(ValueError, match="mixed_precision"):
         check_resume_config(tmp_path, TrainConfig(kind="peagle", data="d", out="o"))

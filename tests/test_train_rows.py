@@ -1,12 +1,12 @@
-"""Which rows a run draws (peagle.train.rows): reconstruction from a run's settings, row files, --rows."""
+"""Which rows a run draws (peagle.train.data.rows): reconstruction from a run's settings, row files, --rows."""
 import json
 
 import pytest
 import torch
 
-from peagle.train.config import TrainConfig
-from peagle.train.rows import drawn_rows, global_batch, read_row_file, training_rows, unseen_rows, write_row_file
-from peagle.train.shards import save_shard
+from peagle.train.data.rows import drawn_rows, global_batch, read_row_file, training_rows, unseen_rows, write_row_file
+from peagle.train.data.shards import save_shard
+from peagle.train.trainer.config import TrainConfig
 
 
 def _data(root, shards=2, rows=10):
@@ -61,7 +61,7 @@ def test_a_bad_row_file_fails_naming_the_option(tmp_path):
 
 
 def test_train_with_rows_draws_only_the_listed_rows(tmp_path, monkeypatch):
-    import peagle.train.trainer as trainer
+    import peagle.train.trainer.loop as trainer
     from peagle.train.cli import main as train_main
     from peagle.train.tiny import make_tiny_workdir
 

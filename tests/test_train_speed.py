@@ -10,12 +10,14 @@ first 15 steps, where it stays below 1e-5. scripts/train_speed.py compares the t
 import pytest
 import torch
 
-from peagle.train import attention, forward
-from peagle.train.attention import KeyGroup, chunk_plan, packed_attention, visible
-from peagle.train.eagle3 import eagle3_step, plan_eagle3
-from peagle.train.forward import Features
-from peagle.train.peagle import peagle_chains, peagle_step, plan_peagle
-from peagle.train.plan import depth0, pack
+from peagle.train.kinds.eagle3.plan import plan_eagle3
+from peagle.train.kinds.eagle3.step import eagle3_step
+from peagle.train.kinds.peagle.plan import peagle_chains, plan_peagle
+from peagle.train.kinds.peagle.step import peagle_step
+from peagle.train.packed import attention, forward
+from peagle.train.packed.attention import KeyGroup, chunk_plan, packed_attention, visible
+from peagle.train.packed.forward import Features
+from peagle.train.packed.stream import depth0, pack
 from peagle.train.tiny import tiny_head, tiny_target
 
 
@@ -126,7 +128,8 @@ def test_long_passes_still_recompute_in_backward(monkeypatch):
 
 def test_auto_precision_is_fp32_without_native_bf16(monkeypatch):
     from peagle import machine
-    from peagle.train.trainer import TrainConfig, resolve_mixed_precision
+    from peagle.train.trainer import TrainConfig
+    from peagle.train.trainer.config import resolve_mixed_precision
 
     assert TrainConfig(kind="peagle", data="d", out="o").mixed_precision == "auto"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -168,8 +171,8 @@ def test_bf16_attention_matches_fp32_dense_values_and_gradients(hkv):
 def test_mask_row_embedding_trains_like_the_masked_full_table(target):
     # only the mask row trains: a frozen table + a one-row parameter gives the result of a full
     # trainable table whose other rows' gradients are zeroed, at a fraction of the optimizer's work
-    from peagle.train.eagle import attach_embedding
-    from peagle.train.embedding import RowTrainedEmbedding
+    from peagle.train.kinds.eagle_layout import attach_embedding
+    from peagle.train.kinds.embedding import RowTrainedEmbedding
 
     def curve(mode_rows):
         head = tiny_head(target, "peagle", layers=2, max_draft_k=4)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..dtypes import DTYPE_NAMES
 from ..machine import apply_threads
-from .shards import shard_spec
+from .data.shards import shard_spec
 
 
 def _add_data(p: argparse.ArgumentParser) -> None:
@@ -60,7 +60,8 @@ def _add_data(p: argparse.ArgumentParser) -> None:
 
 def _run_data(args) -> int:
 
-    from .data import (
+    from .data.prompts import build_prompts
+    from .data.regeneration import (
         GenerationSettings,
         check_worker,
         excluded_ids,
@@ -74,7 +75,6 @@ def _run_data(args) -> int:
         resumed_dtype,
         shuffled,
     )
-    from .prompts import build_prompts
 
     apply_threads(args.threads or "auto")
     settings = GenerationSettings(
@@ -97,7 +97,7 @@ def _run_data(args) -> int:
         n_listed = args.num_prompts if fresh or not args.magpie_prompts else 0
         prompts = build_prompts(n_listed, args.code_fraction, args.seed, sources, exclude, args.followup_fraction) if n_listed else []
         if args.magpie_prompts:
-            from .magpie import magpie_prompts
+            from .data.magpie import magpie_prompts
 
             target = load_target_by_name(args.target, generation_dtype(settings.dtype))
             written = [p for p in magpie_prompts(target, args.magpie_prompts, seed=args.seed) if p["id"] not in exclude]
@@ -127,8 +127,8 @@ def _add_vocab(p: argparse.ArgumentParser) -> None:
 
 def _run_vocab(args) -> int:
     from ..config import choose_mask_token_id
-    from .data import load_target_by_name
-    from .vocab import build_draft_vocab
+    from .data.regeneration import load_target_by_name
+    from .data.vocab import build_draft_vocab
 
     target = load_target_by_name(args.target, "float32")
     mask_id = choose_mask_token_id(target)
@@ -152,8 +152,8 @@ def _add_features(p: argparse.ArgumentParser) -> None:
 def _run_features(args) -> int:
 
     from ..embedded import load_target_by_name
-    from .features import build_cache
-    from .shards import parse_shards
+    from .data.features import build_cache
+    from .data.shards import parse_shards
 
     apply_threads(args.threads or "auto")
     target = load_target_by_name(args.target, args.dtype)
@@ -165,7 +165,7 @@ def _run_features(args) -> int:
 
 def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
     from . import kinds
-    from .trainer import TrainConfig
+    from .trainer.config import TrainConfig
 
     d = TrainConfig(kind=kind, data="", out="")
     train_kind = kinds.get(kind)
@@ -215,7 +215,8 @@ def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
 
 
 def _run_train(args, kind: str) -> int:
-    from .trainer import TrainConfig, train
+    from .trainer.config import TrainConfig
+    from .trainer.loop import train
 
     names = TrainConfig(kind=kind, data="", out="").flat().keys() - {"kind"}
     values = {k: v for k, v in vars(args).items() if k in names}
@@ -227,7 +228,7 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", nargs="+", required=True, help="saved heads (OUT/final, an exported folder)")
     p.add_argument("--data", default=None, help="data directory (with cached features unless --features online)")
     p.add_argument("--suite", nargs="*", default=None, metavar="SET",
-                   help="the evaluation suite (peagle/train/suite.py) instead of --data: every set, or those named; "
+                   help="the evaluation suite (peagle/train/trainer/suite.py) instead of --data: every set, or those named; "
                         "online features, the sets' own lengths and shards")
     p.add_argument("--features", default="cache", choices=["cache", "online"],
                    help="cache (default): DATA/features from `peagle train features`; online: a target pass per micro-batch")
@@ -249,9 +250,9 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
 
 def _run_evaluate(args) -> int:
     if args.suite is not None:
-        from .suite import run_cli
+        from .trainer.suite import run_cli
     else:
-        from .evaluate import run_cli
+        from .trainer.evaluate import run_cli
     return run_cli(args)
 
 
@@ -265,8 +266,8 @@ def _add_suite_data(p: argparse.ArgumentParser) -> None:
 
 
 def _run_suite_data(args) -> int:
-    from .data import generation_dtype, load_target_by_name
-    from .suite import NAMES, build_suite_data
+    from .data.regeneration import generation_dtype, load_target_by_name
+    from .trainer.suite import NAMES, build_suite_data
 
     unknown = set(args.sets or ()) - set(NAMES)
     if unknown:

@@ -4,7 +4,7 @@
     drafter.py  DFlashDrafter: the Drafter protocol over DFlashModel
     format.py   the head directory vLLM / SGLang load (config.json + model.safetensors)
     kind.py     DFlashKind: the registry's entry (peagle.kinds)
-Training: peagle/train/dflash/.
+Training: peagle/train/kinds/dflash/.
 """
 from .drafter import DFlashDrafter
 from .kind import DFlashKind

@@ -169,7 +169,7 @@ class DFlashAttention(nn.Module):
         """x [B, Q, H] (normed block); ctx_k/ctx_v [B, Hkv, S, D]; visible [B, Q, S + Q] -> [B, Q, H].
 
         ``attend(q, k, v)`` (q [B, Q, Hq, D], block k/v [B, Q, Hkv, D] -> [B, Q, Hq, D]) replaces the
-        dense attention over [context ; block]: training's packed, chunked one (peagle/train/dflash/plan.py).
+        dense attention over [context ; block]: training's packed, chunked one (peagle/train/kinds/dflash/plan.py).
         """
         B, Q, _ = x.shape
         q = apply_rope(self.q_norm(self.q_proj(x).view(B, Q, self.c.num_attention_heads, self.c.head_dim)), cos, sin)

@@ -1,7 +1,7 @@
 """Where the raw material of the prompts lives and how it is read: ShareGPT's JSON array in its
 PyPI package (read as a stream), the documented functions of a Python module.
 
-peagle/train/prompts.py and peagle/train/sources.py build prompts from it.
+peagle/train/data/prompts.py and peagle/train/data/sources.py build prompts from it.
 """
 from __future__ import annotations
 

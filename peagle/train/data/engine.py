@@ -21,8 +21,8 @@ from typing import Callable
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from ..sampling import SamplingParams, process_logits
-from ..target import cache_keyword
+from ...sampling import SamplingParams, process_logits
+from ...target import cache_keyword
 
 
 class RowCursor:

@@ -38,7 +38,7 @@ def vllm_answers(settings, prompt_ids: list[list[int]], seed: int, on_done=None,
     """
     if chunk_prompts < 1:
         raise ValueError(f"chunk_prompts must be >= 1, got {chunk_prompts}")
-    from ..embedded import embedded_model_dir
+    from ...embedded import embedded_model_dir
 
     model = str(embedded_model_dir()) if settings.target in ("default", "embedded", "smollm2") else settings.target
     request = {"model": model, "dtype": settings.dtype, "max_new_tokens": settings.max_new_tokens,

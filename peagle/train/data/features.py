@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..target import Target
+from ...target import Target
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ or touch an evaluation prompt (HumanEval, MT-Bench) are dropped.
 """
 from __future__ import annotations
 
-from ..sampling import SamplingParams
+from ...sampling import SamplingParams
 from .engine import ContinuousBatcher
 from .prompts import EvalFilter
 

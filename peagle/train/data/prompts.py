@@ -140,7 +140,7 @@ def stdlib_code_prompts(limit: int, seed: int = 0) -> list[dict]:
 
 
 SOURCES = ("sharegpt", "sharegpt_turns", "stdlib", "writing", "math", "code_tasks", "long_turns")
-BROAD_SOURCES = SOURCES[3:]  # peagle/train/sources.py: split into train and eval material
+BROAD_SOURCES = SOURCES[3:]  # peagle/train/data/sources.py: split into train and eval material
 
 
 def build_prompts(num_prompts: int, code_fraction: float = 0.35, seed: int = 0,
@@ -189,7 +189,7 @@ def build_prompts(num_prompts: int, code_fraction: float = 0.35, seed: int = 0,
 
 def broad_prompts(num_prompts: int, sources, seed: int = 0, split: str = "train", exclude_ids: set[str] = frozenset(),
                   all_sources=None) -> list[dict]:
-    """``num_prompts`` prompts shared evenly among broad sources (peagle/train/sources.py), evaluation prompts removed.
+    """``num_prompts`` prompts shared evenly among broad sources (peagle/train/data/sources.py), evaluation prompts removed.
 
     The broad sources cannot be mixed with the ShareGPT / stdlib ones in one call: give each kind its
     own data directory (so what each adds can be measured) and merge with scripts/merge_data.py.

@@ -4,7 +4,7 @@ Layout of a data directory::
 
     OUT/settings.json          target, sampling, shard size: a resumed run must match it
     OUT/prompts.jsonl          the ordered prompt list (written once; shard i = lines [i*S, (i+1)*S))
-    OUT/shards/00000/          rows.npz + peagle_meta.json (peagle.train.shards)
+    OUT/shards/00000/          rows.npz + peagle_meta.json (peagle.train.data.shards)
     OUT/shards/00001.partial   answers of an unfinished shard, one JSON line each as they end
 
 A shard directory appears only when complete (written under a temporary name, then renamed); the
@@ -15,10 +15,10 @@ followed by the target's answer: ``input_ids``, ``prompt_len``, ``response_len``
 
 Engines (the answers are the same; only the speed differs):
 
-* ``batcher`` (default): :class:`peagle.train.engine.ContinuousBatcher`, continuous batching over a
+* ``batcher`` (default): :class:`peagle.train.data.engine.ContinuousBatcher`, continuous batching over a
   preallocated cache;
 * ``loop``: ``peagle.generate`` without a drafter, batch by batch (the reference);
-* ``vllm``: vLLM's offline engine in its own environment (:mod:`peagle.train.engine_vllm`).
+* ``vllm``: vLLM's offline engine in its own environment (:mod:`peagle.train.data.engine_vllm`).
 """
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ from pathlib import Path
 
 import torch
 
-from .. import machine
-from ..embedded import load_target_by_name  # noqa: F401  (its home: peagle.embedded)
-from ..sampling import SamplingParams
-from ..target import Target
+from ... import machine
+from ...embedded import load_target_by_name  # noqa: F401  (its home: peagle.embedded)
+from ...sampling import SamplingParams
+from ...target import Target
 from .engine import ContinuousBatcher
 from .shards import parse_shards, save_shard, shard_dir, shard_metadata
 
@@ -197,7 +197,7 @@ def encode_prompt(target: Target, prompt: dict) -> list[int]:
 def generate_answers(target: Target, prompt_ids: list[list[int]], settings: GenerationSettings,
                      seed: int) -> list[list[int]]:
     """The ``loop`` engine: answers batch by batch, in batches of similar length (peagle.generate, no drafter)."""
-    from ..generate import generate
+    from ...generate import generate
 
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     answers: list[list[int] | None] = [None] * len(prompt_ids)

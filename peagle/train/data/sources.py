@@ -4,8 +4,8 @@ Each source is a function ``(limit, seed, split) -> list[dict]`` of prompt recor
 ``source``, ``text``, and ``messages`` for conversations). ``split`` is "train" or "eval": the two
 never share material (a ShareGPT conversation, a standard-library function, a problem template),
 so the evaluation suite (``peagle train evaluate --suite``) measures requests of a kind, not
-requests seen in training. Every record passes :class:`peagle.train.prompts.EvalFilter` (no public
-benchmark prompt) in :func:`peagle.train.prompts.build_prompts`.
+requests seen in training. Every record passes :class:`peagle.train.data.prompts.EvalFilter` (no public
+benchmark prompt) in :func:`peagle.train.data.prompts.build_prompts`.
 
 * ``writing``: a document (a long ShareGPT answer) plus a task: a report, marketing copy, an
   academic abstract, a legal or policy rewrite, a summary, an extraction, questions answered from it.

@@ -1,4 +1,4 @@
-"""The registry of trainable head kinds: one line per kind (its TrainKind, peagle/train/kind.py).
+"""The registry of trainable head kinds: one line per kind (its TrainKind, peagle/train/kinds/base.py).
 
 ``peagle train NAME``, the trainer and ``peagle train evaluate`` find a kind's training here by
 the name it has in :mod:`peagle.kinds` (the same :class:`peagle.kinds.Registry` mechanism, a
@@ -6,11 +6,11 @@ registry of its own: the core never imports training). A new kind is its own mod
 """
 from __future__ import annotations
 
-from .. import kinds
+from ... import kinds
+from .base import TrainKind
 from .dflash.kind import DFlashTraining
-from .eagle3 import Eagle3Training
-from .kind import TrainKind
-from .peagle import PEagleTraining
+from .eagle3.kind import Eagle3Training
+from .peagle.kind import PEagleTraining
 
 TRAINING: kinds.Registry[TrainKind] = kinds.Registry("trainable head kind", TrainKind)
 register = TRAINING.register

@@ -1,11 +1,11 @@
 """The training side of a head kind: the small interface the generic trainer and evaluator call.
 
 The inference side of a kind (drafter, config, checkpoint format) is a :class:`peagle.kinds.HeadKind`;
-its training side is a :class:`TrainKind` of the same name, registered in peagle/train/kinds.py
-(one line per kind). The trainer (peagle/train/trainer.py), ``peagle train NAME`` (cli.py) and
-the held-out evaluation (evaluate.py) call only what is listed here; a kind never reaches back
+its training side is a :class:`TrainKind` of the same name, registered in peagle/train/kinds/__init__.py
+(one line per kind). The trainer (peagle/train/trainer/loop.py), ``peagle train NAME`` (peagle/train/cli.py) and
+the held-out evaluation (peagle/train/trainer/evaluate.py) call only what is listed here; a kind never reaches back
 into them. ``cfg`` is the run's :class:`peagle.train.trainer.TrainConfig`, whose ``options`` is an
-instance of the kind's ``options_class``; ``packed`` a packed stream (peagle.train.plan.Packed).
+instance of the kind's ``options_class``; ``packed`` a packed stream (peagle.train.packed.stream.Packed).
 
     name, description                          the kind's name in peagle.kinds ("peagle"); the help line of `peagle train NAME`
     options_class                              frozen dataclass of the kind's own options, validated
@@ -34,8 +34,15 @@ import argparse
 
 import torch
 
-from .. import kinds
-from .vocab import load_draft_vocab
+from ... import kinds
+from ..data.vocab import load_draft_vocab
+
+
+def require_positive(options, *names: str) -> None:
+    """ValueError unless each named field of ``options`` is >= 1 (for an options dataclass's __post_init__)."""
+    for name in names:
+        if int(getattr(options, name)) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(options, name)}")
 
 
 class TrainKind:

@@ -1,7 +1,7 @@
 """What P-EAGLE and EAGLE-3 training share: a fresh head of the EAGLE-3 layout and its embedding.
 
-:class:`EagleTraining` is the part of :class:`peagle.train.kind.TrainKind` both kinds share
-(peagle/train/peagle.py, peagle/train/eagle3.py); the head is shaped like the target's layers with
+:class:`EagleTraining` is the part of :class:`peagle.train.kinds.base.TrainKind` both kinds share
+(peagle/train/kinds/peagle/, peagle/train/kinds/eagle3/); the head is shaped like the target's layers with
 the data's draft vocabulary, owns an fp32 copy of the target's embedding table and starts its
 lm_head at random or from the target's rows (``--init-lm-head``).
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from .base import TrainKind
 from .embedding import RowTrainedEmbedding
-from .kind import TrainKind
 
 
 class EagleTraining(TrainKind):

@@ -1,6 +1,6 @@
 """Attention over a packed training stream, in query chunks, without an [E, E] mask.
 
-Visibility rule (peagle/train/plan.py): query (a, d) sees key (a', d') iff they belong to the same
+Visibility rule (peagle/train/packed/stream.py): query (a, d) sees key (a', d') iff they belong to the same
 sequence and either d' = 0 and a' <= a, or a' = a and 1 <= d' <= d.
 
 Keys arrive as *groups*, each sorted by anchor, so the keys a chunk of queries with anchors in

@@ -2,13 +2,13 @@
 
 The head's own submodules run here (``layers[i]``, ``fc``, ``norm``, ``lm_head``,
 ``embed``), so a trained head drafts with exactly this math in ``peagle.generate``; only
-attention differs: the packed mask of peagle/train/attention.py instead of the ragged cache.
+attention differs: the packed mask of peagle/train/packed/attention.py instead of the ragged cache.
 
 A step is a sequence of *passes*; a pass's queries see the keys of every earlier pass and of
 itself (KV-cache style). P-EAGLE: one pass [depth-0 elements, COD chains]; with S segments,
 per segment a checkpointed no-loss pass over the preceding depth-0 elements, then the segment's
-own elements (peagle/train/peagle.py). EAGLE-3: one pass per depth (training-time test), each
-reading the previous depth's outputs (peagle/train/eagle3.py).
+own elements (peagle/train/kinds/peagle/). EAGLE-3: one pass per depth (training-time test), each
+reading the previous depth's outputs (peagle/train/kinds/eagle3/).
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
-from ..drafters.layers import rope_cos_sin
+from ...drafters.layers import rope_cos_sin
 from .attention import KeyGroup, packed_attention
-from .plan import Group, Packed
+from .stream import Group, Packed
 
 
 @dataclass

@@ -21,8 +21,8 @@ Worked example: T = 8, prompt_len = 4, max_depth K = 3, COD keeps every element:
 
 Several sequences are packed into one stream: anchors are global rows (sequence offset + a),
 ``doc`` tells sequences apart and attention never crosses them. The kinds' plans: P-EAGLE's COD
-chains and segments in peagle/train/peagle.py, EAGLE-3's depths in peagle/train/eagle3.py,
-DFlash's blocks in peagle/train/dflash/plan.py.
+chains and segments in peagle/train/kinds/peagle/, EAGLE-3's depths in peagle/train/kinds/eagle3/,
+DFlash's blocks in peagle/train/kinds/dflash/plan.py.
 """
 from __future__ import annotations
 

@@ -7,9 +7,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from . import kinds as train_kinds
-from .rows import read_row_file
-from .shards import parse_shards
+import torch
+
+from ... import machine
+from .. import kinds as train_kinds
+from ..data.rows import read_row_file
+from ..data.shards import parse_shards
+from ..kinds.base import require_positive
 
 
 @dataclass
@@ -32,12 +36,12 @@ class TrainConfig:
     draft_vocab_size: int = 8192  # N
     max_len: int = 1024  # sequences are cut to this many tokens
     shards: str | None = None  # data shards to train on ("0-11"; None = all): keep others held out
-    rows: str | None = None  # a row file (peagle.train.rows): only the (shard, row) pairs it lists
+    rows: str | None = None  # a row file (peagle.train.data.rows): only the (shard, row) pairs it lists
     batch_size: int = 16  # sequences per global batch (all processes together)
     micro_batch_tokens: int = 4096  # tokens packed into one forward per process
     epochs: float = 1.0
     max_steps: int | None = None  # overrides epochs
-    max_minutes: float | None = None  # fit the run's length to this many minutes of steps (peagle.train.trainer.fit_to_minutes)
+    max_minutes: float | None = None  # fit the run's length to this many minutes of steps (peagle.train.trainer.schedule.fit_to_minutes)
     lr: float = 1e-3
     warmup_steps: int = 50
     min_lr_ratio: float = 0.1  # cosine decay to lr * min_lr_ratio
@@ -46,7 +50,7 @@ class TrainConfig:
     init_from: str | None = None  # a saved head to start from (continued training with a fresh schedule)
     init_lm_head: str = "random"  # "random" (default: measured better on the embedded run) or "target" (its rows, norm folded in)
     features: str = "cache"  # "cache" (DATA/features) or "online" (target forward per step)
-    precondition: str = "none"  # "rms": fc trained in standardised aux units (peagle/train/precondition.py)
+    precondition: str = "none"  # "rms": fc trained in standardised aux units (peagle/train/trainer/precondition.py)
     mixed_precision: str = "auto"  # "auto" (bf16 where matmuls are native: GPUs, AMX / avx512_bf16 CPUs) | "no" | "bf16"
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
@@ -81,10 +85,8 @@ class TrainConfig:
             raise ValueError(f"mixed_precision must be 'auto', 'no' or 'bf16', got {self.mixed_precision!r}")
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise ValueError(f"max_minutes must be > 0 (or None: no time budget), got {self.max_minutes}")
-        for name in ("draft_vocab_size", "max_len", "batch_size", "micro_batch_tokens", "checkpoint_every",
-                     "keep_checkpoints", "log_every"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        require_positive(self, "draft_vocab_size", "max_len", "batch_size", "micro_batch_tokens", "checkpoint_every",
+                         "keep_checkpoints", "log_every")
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
@@ -132,3 +134,14 @@ def saved_config(path: Path) -> TrainConfig:
         return TrainConfig.from_dict(saved)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}/trainer_state.json holds a config this peagle cannot read: {exc}") from None
+
+
+def resolve_mixed_precision(mode: str) -> str:
+    """"auto" -> "bf16" on a GPU or a CPU with native bf16 matmuls, else "no" (fp32).
+
+    On an AVX2-only CPU bf16 autocast makes every matmul convert and emulate: a P-EAGLE recipe
+    step took several times as long as in fp32 (docs/training.md, "Step cost").
+    """
+    if mode != "auto":
+        return mode
+    return "bf16" if torch.cuda.is_available() or machine.native_bf16(machine.cpu_facts()["flags"]) else "no"

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import torch
 
-from .. import kinds
-from ..checkpoint import from_pretrained
-from ..embedded import load_target_by_name
-from ..machine import apply_threads
-from . import kinds as train_kinds
-from .forward import StepStats
-from .shards import parse_shards
-from .trainer import TrainSet, micro_batches
+from ... import kinds
+from ...checkpoint import from_pretrained
+from ...embedded import load_target_by_name
+from ...machine import apply_threads
+from .. import kinds as train_kinds
+from ..data.shards import parse_shards
+from ..packed.forward import StepStats
+from .batches import TrainSet, micro_batches
 
 CONTEXT_BINS = (0, 512, 1024, 2048, 4096)  # acceptance is also reported per bin of tokens before the anchor
 

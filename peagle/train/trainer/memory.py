@@ -1,6 +1,6 @@
 """Peak memory of one P-EAGLE forward+backward with and without sequence partitioning.
 
-    python -m peagle.train.memory --tokens 16384 --segments 1 2 4 8
+    python -m peagle.train.trainer.memory --tokens 16384 --segments 1 2 4 8
 
 Each measurement runs in a fresh process (peak RSS is per process) on a small random head and
 random features; the number reported is the peak resident memory of the training step above the
@@ -18,20 +18,13 @@ import time
 
 import torch
 
-from ..config import DrafterConfig
-from ..drafters.peagle import PEagleDrafter
-from .forward import Features
-from .peagle import peagle_step, plan_peagle
-from .plan import pack
-
-
-def rss_mb() -> float:
-    """Resident memory of this process in MB (0 where /proc is missing)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * resource.getpagesize() / 2**20
-    except (OSError, ValueError):
-        return 0.0
+from ...config import DrafterConfig
+from ...drafters.peagle import PEagleDrafter
+from ..kinds.peagle.plan import plan_peagle
+from ..kinds.peagle.step import peagle_step
+from ..packed.forward import Features
+from ..packed.stream import pack
+from .resident import rss_mb
 
 
 def measure_once(tokens: int, segments: int, hidden: int, layers: int, draft_vocab: int, max_depth: int,
@@ -78,7 +71,7 @@ def main(argv=None) -> int:
         return 0
     rows = []
     for s in args.segments:
-        cmd = [sys.executable, "-m", "peagle.train.memory", "--child", "--tokens", str(args.tokens), "--segments", str(s),
+        cmd = [sys.executable, "-m", "peagle.train.trainer.memory", "--child", "--tokens", str(args.tokens), "--segments", str(s),
                "--hidden", str(args.hidden), "--layers", str(args.layers), "--draft-vocab", str(args.draft_vocab),
                "--max-depth", str(args.max_depth), "--threads", str(args.threads)]
         # Tensors above 64 KiB get their own mmap, returned to the OS when freed: the peak RSS is

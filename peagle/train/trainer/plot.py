@@ -1,6 +1,6 @@
 """Loss curves of training runs as one PNG.
 
-    python -m peagle.train.plot runs/peagle runs/eagle3 --out docs/img/training_embedded.png
+    python -m peagle.train.trainer.plot runs/peagle runs/eagle3 --out docs/img/training_embedded.png
 
 Reads each run's ``log.jsonl`` (what ``peagle train`` writes every ``--log-every`` steps) and draws,
 per run, the KL by draft depth averaged over depths (EAGLE-3's ``loss`` is a sum over its steps, so
@@ -61,7 +61,7 @@ def plot_runs(runs: list[str | Path], out: str | Path, labels: list[str] | None 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m peagle.train.plot", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m peagle.train.trainer.plot", description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", help="training run directories (each with log.jsonl)")
     p.add_argument("--labels", help="comma list, one per run (default: directory names)")
     p.add_argument("--offsets", help="comma list of step offsets, one per run (default 0)")

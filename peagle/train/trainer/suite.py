@@ -4,7 +4,7 @@
     peagle train evaluate --suite --head peagle/heads/peagle peagle/heads/eagle3
 
 Each set is a data directory of the target's own greedy answers (``peagle train data``'s layout),
-read by :func:`peagle.train.evaluate.evaluate_head`: acceptance per set and per depth at draft_k 7.
+read by :func:`peagle.train.trainer.evaluate.evaluate_head`: acceptance per set and per depth at draft_k 7.
 
 | set | what | never trained on because |
 |---|---|---|
@@ -12,7 +12,7 @@ read by :func:`peagle.train.evaluate.evaluate_head`: acceptance per set and per 
 | humaneval | HumanEval problems as instructions | a public benchmark |
 | mtbench | MT-Bench first turns | a public benchmark |
 | long_context | 24 ShareGPT conversations of 3-4.3k tokens (data/long-context) | held out by every data directory |
-| writing | long-instruction tasks: a document plus a report / press release / clauses / abstract | "eval" split of peagle/train/sources.py: own documents and task wordings |
+| writing | long-instruction tasks: a document plus a report / press release / clauses / abstract | "eval" split of peagle/train/data/sources.py: own documents and task wordings |
 | math | word problems and equations, step by step | "eval" split: problem templates training never sees |
 | code_tasks | fix / refactor / review / port standard-library functions | "eval" split: functions training never sees |
 """
@@ -22,12 +22,12 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..checkpoint import from_pretrained
-from ..evalsets import humaneval_prompts, mtbench_prompts
-from .data import GenerationSettings, regenerate
+from ...checkpoint import from_pretrained
+from ...evalsets import humaneval_prompts, mtbench_prompts
+from ..data.regeneration import GenerationSettings, regenerate
+from ..data.shards import shard_metadata
+from ..data.sources import SOURCES
 from .evaluate import cli_target, evaluate_head
-from .shards import shard_metadata
-from .sources import SOURCES
 
 SUITE_ROOT = "data/suite"
 

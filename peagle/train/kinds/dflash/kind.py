@@ -1,4 +1,4 @@
-"""The DFlash kind's training: its options and the hooks the generic trainer calls (peagle.train.kind)."""
+"""The DFlash kind's training: its options and the hooks the generic trainer calls (peagle.train.kinds.base)."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kind import TrainKind
+from ..base import TrainKind, require_positive
 from .plan import default_gamma, plan_dflash
 from .step import LOSS_VOCABS, Readout, dflash_step, eval_step, loss_vocab_ids
 
@@ -28,9 +28,7 @@ class DFlashOptions:
             raise ValueError(f"block_size must be >= 2 (one anchor + at least one drafted token), got {self.block_size}")
         if self.gamma is not None and not self.gamma > 0:
             raise ValueError(f"gamma must be > 0 (or None for the block size's default), got {self.gamma}")
-        for name in ("anchors_per_seq", "num_features"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        require_positive(self, "anchors_per_seq", "num_features")
 
     @property
     def loss_gamma(self) -> float:

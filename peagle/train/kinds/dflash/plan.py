@@ -28,7 +28,7 @@ Worked example: T = 10, P = 4, B = 4, anchors 3 and 7 of one sequence::
     query (0, k)    1  1  1  0  0  0  0  0  0  0 |  1  1  1  1 |  0  0  0  0
     query (1, k)    1  1  1  1  1  1  1  0  0  0 |  0  0  0  0 |  1  1  1  1
 
-Sequences are packed into one stream as for P-EAGLE (peagle/train/plan.py): context rows are
+Sequences are packed into one stream as for P-EAGLE (peagle/train/packed/stream.py): context rows are
 global rows of the stream; attention never crosses sequences. Attention runs per sequence, in
 chunks of blocks (keys = that sequence's context prefix up to the chunk's last anchor + the chunk's
 blocks), so no [E, E] matrix over the stream is ever built.
@@ -41,8 +41,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..attention import grouped_attention
-from ..plan import Packed
+from ...packed.attention import grouped_attention
+from ...packed.stream import Packed
 
 
 def default_gamma(block_size: int) -> float:

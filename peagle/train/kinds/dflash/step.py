@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..forward import Features, StepStats, kl_target_draft
+from ...packed.forward import Features, StepStats, kl_target_draft
 from .plan import DFlashPlan, anchor_range, block_attention
 
 LOSS_CHUNK = 1024  # supervised rows whose [rows, N] logits exist at once

@@ -1,46 +1,19 @@
-"""P-EAGLE training: COD chains, sequence partitioning, the step, its options and its kind.
+"""P-EAGLE's plan: COD chains (the mask-depth elements a step supervises) and sequence partitioning.
 
-The elements and their notation are peagle/train/plan.py's; the passes and the loss
-peagle/train/forward.py's. P-EAGLE's step is one pass [depth-0 elements, COD chains], where depth
-d >= 1 reads the mask token and ``mask_hidden``; with S segments, per segment a checkpointed no-loss
-pass over the preceding depth-0 elements, then the segment's own elements.
+The elements and their notation are peagle/train/packed/stream.py's. P-EAGLE's step is one pass
+[depth-0 elements, COD chains], where depth d >= 1 reads the mask token and ``mask_hidden``; with S
+segments, per segment a checkpointed no-loss pass over the preceding depth-0 elements, then the
+segment's own elements.
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 import torch
 
-from ..drafters.eagle3 import Eagle3Drafter
-from .eagle import EagleTraining
-from .forward import Features, PassRunner, StepStats, fc_hidden, supervised_loss
-from .plan import Group, Packed, depth0, element
-from .warm_start import peagle_from_eagle3
+from ...packed.stream import Group, Packed, depth0, element
 
 
-@dataclass(frozen=True)
-class PEagleOptions:
-    """``peagle train peagle``'s own options (TrainConfig.options)."""
-
-    max_depth: int = 8  # trained draft depth K (max_draft_k of the head)
-    cod_ratio: float = 0.8  # COD: depth d keeps n * max(r^d, r_min)
-    cod_min_ratio: float = 0.2
-    segments: int = 1  # sequence partitioning: forward+backward passes per micro-batch
-    train_embedding: str = "mask"  # "mask" (only the mask row), "all", "none"
-    depth0_share: float | None = None  # share of the loss on depth-0 elements (None: by count, as every element)
-
-    def __post_init__(self) -> None:
-        if self.depth0_share is not None and not 0.0 < self.depth0_share < 1.0:
-            raise ValueError(f"depth0_share must be in (0, 1) or None, got {self.depth0_share}")
-        if self.train_embedding not in ("mask", "all", "none"):
-            raise ValueError(f"train_embedding must be mask, all or none, got {self.train_embedding!r}")
-        for name in ("max_depth", "segments"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-
-
-# -- the plan ------------------------------------------------------------------------------------
 def cod_counts(n: int, max_depth: int, ratio: float, min_ratio: float) -> list[int]:
     """Kept elements per depth 1..K-1: round(n * max(ratio^d, min_ratio))."""
     return [int(round(n * max(ratio ** d, min_ratio))) for d in range(1, max_depth)]
@@ -134,95 +107,3 @@ def segments(d0: Group, chains: Group, num_segments: int) -> list[Segment]:
         mine = chains.select((key >= lower) & (key <= upper))
         out.append(Segment(prefix, [own0, mine]))
     return out
-
-
-# -- the step ------------------------------------------------------------------------------------
-def loss_scale(counts: torch.Tensor, max_depth: int, depth0_share: float | None) -> torch.Tensor:
-    """Loss weight per depth [max_depth] from the global batch's supervised counts [depth 0, chains].
-
-    By count (``depth0_share`` None) every element weighs 1 / total; otherwise the depth-0 elements
-    share ``depth0_share`` of the loss and the chain elements the rest, each group by its count.
-    """
-    n0, nc = (float(c) for c in counts.clamp_min(1))
-    if depth0_share is None:
-        return torch.full((max_depth,), 1.0 / (n0 + nc))
-    return torch.tensor([depth0_share / n0] + [(1.0 - depth0_share) / nc] * (max_depth - 1))
-
-
-def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float | torch.Tensor, num_segments: int = 1,
-                backward: bool = True, budget: int = 1 << 23, stats: StepStats | None = None) -> StepStats:
-    """P-EAGLE loss sum(scale * KL) over the plan's supervised elements, S forward+backward passes.
-
-    norm: the supervised count of the whole global batch (so gradients add up across
-    micro-batches, segments and processes), or a per-depth scale [K] (:func:`loss_scale`).
-    """
-    stats = stats if stats is not None else StepStats()
-    plan = plan.to(feats.aux.device)  # plans are built on the CPU; the step runs where the features are
-    K = head.config.max_draft_k
-    hidden_of = fc_hidden(head, feats)
-    for seg in segments(plan.d0, plan.chains, num_segments):
-        runner = PassRunner(head, plan.packed, budget)
-        runner.add_prefix(seg.prefix, hidden_of)
-        own0, chains = seg.own
-        h0 = hidden_of(own0)
-        parts = [own0] + ([chains] if len(chains) else [])
-        hidden = h0 if len(chains) == 0 else torch.cat([h0, head.fc(head.mask_hidden.reshape(1, -1).to(h0.dtype)).expand(len(chains), -1)])
-        out = runner.run(parts, hidden)
-        group = Group.cat(parts) if len(parts) > 1 else own0
-        scale = norm.to(out.device) if isinstance(norm, torch.Tensor) else 1.0 / norm
-        loss = supervised_loss(head, out, group, feats, scale, stats, max(K, 1))
-        stats.objective += float(loss.detach())
-        if backward and loss.requires_grad:
-            loss.backward()
-        del runner, out, hidden, h0, loss  # free this segment's activations before the next one starts
-    return stats
-
-
-# -- the kind --------------------------------------------------------------------------------------
-class PEagleTraining(EagleTraining):
-    name = "peagle"
-    description = "train a P-EAGLE head"
-    options_class = PEagleOptions
-
-    def train_embedding(self, cfg) -> str:
-        return cfg.options.train_embedding
-
-    def train_max_draft_k(self, cfg) -> int:
-        return cfg.options.max_depth  # P-EAGLE drafts at most the depth it was trained for
-
-    def add_arguments(self, p: argparse.ArgumentParser, d: PEagleOptions) -> None:
-        p.add_argument("--max-depth", type=int, default=d.max_depth, help="trained draft depth K")
-        p.add_argument("--cod-ratio", type=float, default=d.cod_ratio)
-        p.add_argument("--cod-min-ratio", type=float, default=d.cod_min_ratio)
-        p.add_argument("--segments", type=int, default=d.segments, help="sequence partitioning S")
-        p.add_argument("--train-embedding", default=d.train_embedding, choices=["mask", "all", "none"])
-        p.add_argument("--depth0-share", type=float, default=d.depth0_share,
-                       help="share of the loss on depth 0 (the real token and features); default: by element count")
-
-    def count_size(self, cfg) -> int:
-        return 2  # supervised depth-0 elements, supervised chain elements
-
-    def plan(self, head, packed, cfg, generators):
-        o = cfg.options
-        plan = plan_peagle(packed, o.max_depth, head.config.mask_token_id, o.cod_ratio, o.cod_min_ratio, generators)
-        return plan, torch.tensor([float(plan.d0.num_supervised), float(plan.chains.num_supervised)])
-
-    def step(self, head, plan, feats, counts, cfg, stats=None):
-        scale = loss_scale(counts, cfg.options.max_depth, cfg.options.depth0_share)
-        return peagle_step(head, plan, feats, scale, cfg.options.segments, stats=stats)
-
-    def stat_depths(self, cfg) -> int:
-        return cfg.options.max_depth
-
-    def eval_depth(self, head) -> int:
-        return int(head.config.max_draft_k)
-
-    def eval_step(self, head, packed, feats, draft_k: int, stats) -> None:
-        plan = plan_peagle(packed, draft_k, head.config.mask_token_id, ratio=1.0, min_ratio=1.0)  # every chain kept
-        peagle_step(head, plan, feats, 1.0, backward=False, stats=stats)
-
-    def warm_start(self, head, src) -> bool:
-        if not isinstance(src, Eagle3Drafter):
-            return False
-        peagle_from_eagle3(head, src)
-        return True

@@ -1,0 +1,52 @@
+"""P-EAGLE's step: the loss over a plan's elements, segment by segment, and its weights per depth.
+
+The passes and the loss are peagle/train/packed/forward.py's.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...packed.forward import Features, PassRunner, StepStats, fc_hidden, supervised_loss
+from ...packed.stream import Group
+from .plan import PEaglePlan, segments
+
+
+def loss_scale(counts: torch.Tensor, max_depth: int, depth0_share: float | None) -> torch.Tensor:
+    """Loss weight per depth [max_depth] from the global batch's supervised counts [depth 0, chains].
+
+    By count (``depth0_share`` None) every element weighs 1 / total; otherwise the depth-0 elements
+    share ``depth0_share`` of the loss and the chain elements the rest, each group by its count.
+    """
+    n0, nc = (float(c) for c in counts.clamp_min(1))
+    if depth0_share is None:
+        return torch.full((max_depth,), 1.0 / (n0 + nc))
+    return torch.tensor([depth0_share / n0] + [(1.0 - depth0_share) / nc] * (max_depth - 1))
+
+
+def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float | torch.Tensor, num_segments: int = 1,
+                backward: bool = True, budget: int = 1 << 23, stats: StepStats | None = None) -> StepStats:
+    """P-EAGLE loss sum(scale * KL) over the plan's supervised elements, S forward+backward passes.
+
+    norm: the supervised count of the whole global batch (so gradients add up across
+    micro-batches, segments and processes), or a per-depth scale [K] (:func:`loss_scale`).
+    """
+    stats = stats if stats is not None else StepStats()
+    plan = plan.to(feats.aux.device)  # plans are built on the CPU; the step runs where the features are
+    K = head.config.max_draft_k
+    hidden_of = fc_hidden(head, feats)
+    for seg in segments(plan.d0, plan.chains, num_segments):
+        runner = PassRunner(head, plan.packed, budget)
+        runner.add_prefix(seg.prefix, hidden_of)
+        own0, chains = seg.own
+        h0 = hidden_of(own0)
+        parts = [own0] + ([chains] if len(chains) else [])
+        hidden = h0 if len(chains) == 0 else torch.cat([h0, head.fc(head.mask_hidden.reshape(1, -1).to(h0.dtype)).expand(len(chains), -1)])
+        out = runner.run(parts, hidden)
+        group = Group.cat(parts) if len(parts) > 1 else own0
+        scale = norm.to(out.device) if isinstance(norm, torch.Tensor) else 1.0 / norm
+        loss = supervised_loss(head, out, group, feats, scale, stats, max(K, 1))
+        stats.objective += float(loss.detach())
+        if backward and loss.requires_grad:
+            loss.backward()
+        del runner, out, hidden, h0, loss  # free this segment's activations before the next one starts
+    return stats

@@ -15,6 +15,15 @@ forces the real op on any device (it also runs on CPU), ``impl="emulate"`` force
 
 Schemes: ``"rowwise"`` (default) scales the weight per output row and the activations per token;
 ``"per_tensor"`` uses one scale for the whole weight and one for the whole activation tensor.
+
+Modes (how activations are handled; ``quantize_fp8(..., mode=)``, ``set_fp8_mode``):
+``"dynamic"`` (default) quantises them per call as above (row-wise: one fused kernel on a GPU,
+``peagle.kernels.quantize_fp8_rows``); ``"static"`` divides by a calibrated per-layer scale
+(``calibrate_fp8``: one cast kernel, and each token's result is independent of the others'
+under either scheme); ``"weight_only"`` keeps activations in high precision and multiplies by the
+dequantised e4m3 weight (``peagle.kernels.fp8_weight_only_mm``: half a bf16 weight's bytes, no
+activation kernel); ``"auto"`` times the available modes once per shape and keeps the fastest
+(``peagle.fp8_modes.choose_mode``).
 Only ``rowwise`` keeps each token's result independent of the other tokens in the same forward
 (other batch rows, the draft positions of a verify pass), which is what makes speculative
 decoding on an FP8 target reproduce that target's own greedy decoding: see docs/fp8.md.
@@ -32,8 +41,13 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from .fp8_modes import Timer, choose_mode
+from .kernels.fp8_matmul import fp8_weight_only_mm
+from .kernels.fp8_quant import quantize_fp8_rows
+
 SCHEMES = ("rowwise", "per_tensor")
 IMPLS = ("auto", "scaled_mm", "emulate")
+MODES = ("dynamic", "static", "weight_only", "auto")
 # Names (fnmatch patterns, tried on the full name and on its last component) left in high
 # precision when `skip` is None: output heads, whose logits decide every greedy token.
 DEFAULT_SKIP = ("*lm_head*", "embed_out")
@@ -41,7 +55,7 @@ E4M3_MAX = 448.0  # largest finite float8_e4m3fn
 # amax below this is treated as this, so an all-zero tensor (or row) gets a finite scale and
 # quantises to zeros instead of 0/0 = NaN.
 AMAX_FLOOR = 1e-12
-_FP8_STATE = ("weight", "weight_scale")
+_FP8_STATE = ("weight", "weight_scale", "input_scale")  # never cast by .to(dtype)
 
 
 def fp8_dtype() -> torch.dtype:
@@ -61,6 +75,11 @@ def _check_scheme(scheme: str) -> None:
 def _check_impl(impl: str) -> None:
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
 
 
 def quantize_tensor(x: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,20 +150,25 @@ class FP8Linear(nn.Module):
     high-precision tensors; ``bias`` [N] stays a parameter in its original dtype. ``.to(dtype)`` /
     ``.half()`` on a parent never cast the fp8 weight or its scale; device moves apply to all.
     The output has the input's dtype. Inference only: no gradients flow to the fp8 weight.
+    ``mode``: see the module docstring; ``input_scale`` (float32 [], a buffer once calibrated) is
+    the static activation scale; ``timer`` (None: ``fp8_modes.measure``) times ``mode="auto"``.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, scheme: str = "rowwise",
-                 impl: str = "auto", device=None, dtype: torch.dtype | None = None):
+                 impl: str = "auto", device=None, dtype: torch.dtype | None = None, mode: str = "dynamic"):
         super().__init__()
         _check_scheme(scheme)
         _check_impl(impl)
+        _check_mode(mode)
         self.in_features, self.out_features = int(in_features), int(out_features)
-        self.scheme, self.impl = scheme, impl
+        self.scheme, self.impl, self.mode = scheme, impl, mode
+        self.timer: Timer | None = None
         self.name = ""  # the module's name in its model, for messages only
         self._fallback_reason: str | None = None  # set once when _scaled_mm cannot serve this layer
         scale_shape = () if scheme == "per_tensor" else (out_features, 1)
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=fp8_dtype(), device=device))
         self.register_buffer("weight_scale", torch.ones(scale_shape, dtype=torch.float32, device=device))
+        self.register_buffer("input_scale", None)  # set by calibrate_fp8 (then saved with the state)
         if bias:
             self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype), requires_grad=False)
         else:
@@ -152,11 +176,12 @@ class FP8Linear(nn.Module):
 
     @classmethod
     @torch.no_grad()
-    def from_linear(cls, linear: nn.Module, scheme: str = "rowwise", impl: str = "auto") -> "FP8Linear":
+    def from_linear(cls, linear: nn.Module, scheme: str = "rowwise", impl: str = "auto",
+                    mode: str = "dynamic") -> "FP8Linear":
         """Quantise an ``nn.Linear`` (weight [N, K]) or an HF ``Conv1D`` (weight [K, N])."""
         weight = linear.weight.t() if _is_conv1d(linear) else linear.weight
         out_features, in_features = weight.shape
-        layer = cls(in_features, out_features, bias=False, scheme=scheme, impl=impl, device=weight.device)
+        layer = cls(in_features, out_features, bias=False, scheme=scheme, impl=impl, device=weight.device, mode=mode)
         w_fp8, w_scale = quantize_tensor(weight.detach().to(torch.float32), scheme)
         layer.weight.copy_(w_fp8)
         layer.weight_scale.copy_(w_scale)
@@ -165,12 +190,12 @@ class FP8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, scheme={self.scheme!r}, impl={self.impl!r}")
+                f"bias={self.bias is not None}, scheme={self.scheme!r}, impl={self.impl!r}, mode={self.mode!r}")
 
     def _apply(self, fn, recurse: bool = True):
         # nn.Module casts every floating tensor on .to(dtype)/.half(): that would turn the fp8
         # weight into bf16 and round the fp32 scale. Hide them from fn, then follow only its device.
-        kept = {n: self._buffers[n] for n in _FP8_STATE}
+        kept = {n: self._buffers[n] for n in _FP8_STATE if self._buffers.get(n) is not None}
         for n in kept:
             self._buffers[n] = None  # nn.Module._apply skips None entries and keeps their order
         try:
@@ -205,20 +230,41 @@ class FP8Linear(nn.Module):
         x2d = x.reshape(-1, self.in_features)
         if not x2d.is_contiguous():
             x2d = x2d.contiguous()
-        x_fp8, x_scale = quantize_tensor(x2d, self.scheme)
-        y = None
+        mode = self.mode if self.mode != "auto" else self._choose(x2d)
+        y = self._matmul(mode, x2d)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*lead, self.out_features)
+
+    def _choose(self, x2d: torch.Tensor) -> str:
+        modes = ["dynamic", "weight_only"] + (["static"] if self.input_scale is not None else [])
+        key = (x2d.shape[0], self.in_features, self.out_features, x2d.dtype, x2d.device.type, self.scheme,
+               self.impl, tuple(modes))
+        return choose_mode(key, {m: (lambda m=m: self._matmul(m, x2d)) for m in modes}, timer=self.timer)
+
+    def _matmul(self, mode: str, x2d: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N], x's dtype, no bias
+        kernels = "torch" if self.impl == "emulate" else "auto"
+        if mode == "weight_only":
+            return fp8_weight_only_mm(x2d, self.weight, self.weight_scale, impl=kernels)
+        if mode == "static":
+            if self.input_scale is None:
+                raise RuntimeError(f"FP8Linear {self.name or '(unnamed)'}: mode 'static' needs a calibrated "
+                                   "input_scale (peagle.fp8.calibrate_fp8)")
+            x_fp8, x_scale = quantize_fp8_rows(x2d, self.input_scale, impl=kernels)  # x_scale [M, 1]
+            if self.scheme == "per_tensor":
+                x_scale = self.input_scale
+        elif self.scheme == "rowwise":
+            x_fp8, x_scale = quantize_fp8_rows(x2d, impl=kernels)  # one fused kernel on a GPU
+        else:
+            x_fp8, x_scale = quantize_tensor(x2d, self.scheme)
         if self._use_scaled_mm(x2d):
             try:
-                y = fp8_mm_scaled(x_fp8, x_scale, self.weight, self.weight_scale, x.dtype)
+                return fp8_mm_scaled(x_fp8, x_scale, self.weight, self.weight_scale, x2d.dtype)
             except torch.OutOfMemoryError:
                 raise
             except RuntimeError as err:  # e.g. a device/cuBLAS build without this scaling mode
                 self._warn_fallback(f"torch._scaled_mm failed ({str(err).splitlines()[0]})")
-        if y is None:
-            y = fp8_mm_emulated(x_fp8, x_scale, self.weight, self.weight_scale, x.dtype)
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        return y.reshape(*lead, self.out_features)
+        return fp8_mm_emulated(x_fp8, x_scale, self.weight, self.weight_scale, x2d.dtype)
 
 
 def _is_conv1d(module: nn.Module) -> bool:
@@ -249,7 +295,7 @@ def _set_child(root: nn.Module, name: str, child: nn.Module) -> None:
 
 def quantize_fp8(module: nn.Module, scheme: str = "rowwise",
                  skip: Iterable[str] | Callable[[str, nn.Module], bool] | None = None,
-                 *, impl: str = "auto") -> nn.Module:
+                 *, impl: str = "auto", mode: str = "dynamic") -> nn.Module:
     """Replace the linear layers of ``module`` by ``FP8Linear`` in place; return ``module``.
 
     Args:
@@ -264,9 +310,12 @@ def quantize_fp8(module: nn.Module, scheme: str = "rowwise",
             Embeddings are never touched, nor a linear layer whose weight is tied to one.
         impl: ``"auto"`` (``torch._scaled_mm`` on CUDA with compute capability >= 8.9, the
             float32 emulation elsewhere), ``"scaled_mm"`` or ``"emulate"`` to force one.
+        mode: ``"dynamic"``, ``"weight_only"``, ``"auto"`` or ``"static"`` (then run
+            ``calibrate_fp8`` before the first forward); see the module docstring.
     """
     _check_scheme(scheme)
     _check_impl(impl)
+    _check_mode(mode)
     fp8_dtype()
     should_skip = _skip_fn(skip)
     embedding_weights = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
@@ -276,7 +325,8 @@ def quantize_fp8(module: nn.Module, scheme: str = "rowwise",
         if not (isinstance(m, nn.Linear) or _is_conv1d(m)) or id(m.weight) in embedding_weights:
             continue
         if id(m) not in decided:
-            decided[id(m)] = None if should_skip(name, m) else FP8Linear.from_linear(m, scheme=scheme, impl=impl)
+            decided[id(m)] = None if should_skip(name, m) else FP8Linear.from_linear(m, scheme=scheme, impl=impl,
+                                                                                      mode=mode)
             if decided[id(m)] is not None:
                 decided[id(m)].name = name
         layer = decided[id(m)]
@@ -285,6 +335,46 @@ def quantize_fp8(module: nn.Module, scheme: str = "rowwise",
         if not name:
             return layer
         _set_child(module, name, layer)
+    return module
+
+
+def set_fp8_mode(module: nn.Module, mode: str, timer: Timer | None = None) -> nn.Module:
+    """Set ``mode`` (and the ``"auto"`` timer) on every ``FP8Linear`` of ``module``; returns it."""
+    _check_mode(mode)
+    for m in module.modules():
+        if isinstance(m, FP8Linear):
+            m.mode, m.timer = mode, timer
+    return module
+
+
+@torch.no_grad()
+def calibrate_fp8(module: nn.Module, batches: Iterable, forward: Callable | None = None,
+                  margin: float = 1.0, mode: str = "static") -> nn.Module:
+    """Static activation scales: run ``forward(module, batch)`` (default ``module(batch)``) on each
+    batch, record every ``FP8Linear``'s largest input |x|, set ``input_scale = margin * amax / 448``
+    and ``mode`` (``"static"``; ``"auto"`` makes static one of the timed candidates). Layers that
+    no batch reached keep their mode and get no scale. Inputs beyond the calibrated range are
+    clamped to +-448 at run time. Returns ``module``.
+    """
+    _check_mode(mode)
+    layers = [m for m in module.modules() if isinstance(m, FP8Linear)]
+    amax: dict[int, torch.Tensor] = {}
+
+    def record(layer, args):
+        a = torch.linalg.vector_norm(args[0], float("inf"), dtype=torch.float32)
+        amax[id(layer)] = a if id(layer) not in amax else torch.maximum(amax[id(layer)], a)
+
+    hooks = [m.register_forward_pre_hook(record) for m in layers]
+    try:
+        for batch in batches:
+            forward(module, batch) if forward is not None else module(batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    for m in layers:
+        if id(m) in amax:
+            m.input_scale = (amax[id(m)] * margin).clamp_min(AMAX_FLOOR) / E4M3_MAX
+            m.mode = mode
     return module
 
 
@@ -311,6 +401,7 @@ def load_fp8_state(module: nn.Module, path: str, impl: str = "auto", strict: boo
     with safe_open(str(path), framework="pt") as f:
         scales = {k[: -len(".weight_scale")]: f.get_slice(k).get_shape()
                   for k in f.keys() if k.endswith(".weight_scale")}
+        calibrated = {k[: -len(".input_scale")] for k in f.keys() if k.endswith(".input_scale")}
     for name, m in list(module.named_modules(remove_duplicate=False)):
         if name in scales and not isinstance(m, FP8Linear):
             if not (isinstance(m, nn.Linear) or _is_conv1d(m)):
@@ -321,5 +412,9 @@ def load_fp8_state(module: nn.Module, path: str, impl: str = "auto", strict: boo
                               impl=impl, device=weight.device)
             layer.bias, layer.name = m.bias, name
             _set_child(module, name, layer)
+    for name, m in module.named_modules():
+        if name in calibrated and isinstance(m, FP8Linear) and m.input_scale is None:
+            m.input_scale = torch.empty((), dtype=torch.float32, device=m.weight.device)
+            m.mode = "static"  # a calibrated file runs with its static scales
     load_model(module, str(path), strict=strict)
     return module

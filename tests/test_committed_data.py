@@ -8,7 +8,8 @@ from peagle.train.data.regeneration import read_prompts
 from peagle.train.data.shards import read_rows, shard_dir, shard_metadata
 
 DATA = Path(__file__).resolve().parent.parent / "data"
-DIRS = sorted(d for d in DATA.iterdir() if (d / "shards").is_dir())
+DIRS = sorted(d for d in [*DATA.iterdir(), *DATA.glob("suite/*")] if (d / "shards").is_dir())
+SUITE = [d for d in DIRS if d.parent.name == "suite"]
 VOCAB = 49152  # the embedded SmolLM2's
 
 
@@ -37,3 +38,15 @@ def test_every_shard_loads_and_matches_its_metadata(data):
         for ids, p, r in zip(rows["input_ids"], rows["prompt_len"], rows["response_len"]):
             assert len(ids) == p + r and 0 <= min(ids) and max(ids) < VOCAB
         assert set(rows["id"]) <= prompts  # every row answers a prompt of the directory's list
+
+
+def _texts(data: Path) -> set[str]:
+    return {" ".join(p["text"].split()) for p in read_prompts(data)}
+
+
+@pytest.mark.skipif(not SUITE, reason="no evaluation-suite answers committed")
+def test_no_suite_prompt_is_in_a_training_directory():
+    suite = set().union(*map(_texts, SUITE))
+    for data in DIRS:
+        if data not in SUITE:
+            assert not suite & _texts(data), data.name

@@ -200,7 +200,9 @@ class StaticVerify:
         first = start[0, :1]
         for layer in getattr(self.cache, "layers", ()):
             counter = getattr(layer, "cumulative_length", None)
-            if isinstance(counter, torch.Tensor):  # transformers >= 5.2x: the write position lives here
+            # transformers >= 5.2x writes at this device counter (set up by the layer's first update,
+            # the eager prefill, which starts at 0 anyway); older versions write at cache_position.
+            if isinstance(counter, torch.Tensor) and getattr(layer, "is_initialized", True):
                 counter.copy_(first.reshape(counter.shape).to(counter.dtype))
         cache_position = first + torch.arange(ids.shape[1], device=ids.device)  # older versions write here
         out = self.model(input_ids=ids, position_ids=position_ids, attention_mask=mask[:, None],

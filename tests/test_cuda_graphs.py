@@ -129,3 +129,20 @@ def test_static_verify_checks_batch_and_capacity():
     sv.prefill(torch.tensor([[5, 6, 7, 8, 9, 10]]))
     with pytest.raises(ValueError, match="capacity 8 exceeded"):
         sv.step(torch.tensor([[1, 2, 3]]))
+
+
+def test_static_verify_step_reads_nothing_on_the_host():
+    """A CUDA graph capture fails on any host read of device data; meta tensors have no data, so a
+    step (mask, positions, the HF forward over the StaticCache, commit) that runs on them reads none."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=300)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg).eval()
+    sv = StaticVerify(model, 2, capacity=64, buckets=Buckets((2,), (1, 4)), enabled=False)
+    sv.prefill(torch.randint(0, 300, (2, 8), device="meta"))
+    for _ in range(2):
+        logits = sv.step(torch.randint(0, 300, (2, 3), device="meta"))
+        sv.commit(torch.tensor([1, 3], device="meta"))
+    assert logits.shape == (2, 3, 300) and logits.device.type == "meta"

@@ -134,7 +134,7 @@ def _prompts(target, n: int) -> list[list[int]]:
     return encode_prompts(target, texts, chat=getattr(target.tokenizer, "chat_template", None) is not None)
 
 
-def part_embedded(args, device, deadline: float, notes: list[str]) -> tuple[list[dict], dict]:
+def part_embedded(args, device, deadline: float, notes: list[str], on_level) -> tuple[list[dict], dict]:
     """peagle.bench's sweep on the embedded target; returns (rows, profile: kind -> (k, per-position))."""
     from peagle.bench.arms import ArmRunner
     from peagle.bench.models import load_head, tiny_target
@@ -146,11 +146,13 @@ def part_embedded(args, device, deadline: float, notes: list[str]) -> tuple[list
         from peagle.embedded import load_target
 
         target = load_target(dtype=torch.bfloat16, device=device, threads=None)
-    drafters = {}
+    drafters, trained = {}, set()
     for kind in ("eagle3", "peagle"):
         head = load_head(kind, target, allow_trained=not args.dry_run)
         drafters[kind] = head.drafter.to(device) if isinstance(head.drafter, torch.nn.Module) else head.drafter
-        if not head.trained:
+        if head.trained:
+            trained.add(kind)
+        else:
             notes.append(f"embedded {kind}: {head.source}")
     runner = ArmRunner(target, drafters)
     prompts = _prompts(target, args.num_prompts)
@@ -164,9 +166,9 @@ def part_embedded(args, device, deadline: float, notes: list[str]) -> tuple[list
         group, group_notes = run_group(runner, cfg, prompts, dataset="mixed", temperature=0.0, batch_size=c)
         rows += group
         notes += group_notes
-        _write(args.out, "embedded", rows)
+        on_level("embedded", rows)
     profile = {}
-    for kind in ("eagle3", "peagle"):
+    for kind in sorted(trained):  # a random head's acceptance is no profile to replay
         at1 = [r for r in rows if r["arm"] == kind and r["batch_size"] == min(args.concurrency)]
         if at1:
             best = max(at1, key=lambda r: r["otps"])
@@ -174,7 +176,7 @@ def part_embedded(args, device, deadline: float, notes: list[str]) -> tuple[list
     return rows, profile
 
 
-def part_replay(args, device, profile: dict, deadline: float, notes: list[str]) -> list[dict]:
+def part_replay(args, device, profile: dict, deadline: float, notes: list[str], on_level) -> list[dict]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from peagle.bench.models import random_head
@@ -226,7 +228,7 @@ def part_replay(args, device, profile: dict, deadline: float, notes: list[str]) 
             rows.append(dict(part="replay", arm=kind, draft_k=k, batch_size=c, otps=tokens / wall, new_tokens=tokens,
                              wall_s=wall, acceptance_length=out.stats.acceptance_length, acceptance="replayed",
                              identical_to_plain=out.sequences == plain.sequences))
-        _write(args.out, "replay", rows)
+        on_level("replay", rows)
     return rows
 
 
@@ -282,41 +284,55 @@ def main(argv=None) -> int:
         ap.error("no CUDA device: use --dry-run on CPU")
     t_start = time.perf_counter()
     parts = args.parts.split(",")
-    notes: list[str] = []
-    emb_rows, profile = [], {}
+    state = dict(embedded=[], replay=[], profile={}, source="", notes=[], name=(
+        torch.cuda.get_device_name() if device.type == "cuda" else "cpu"))
+
+    def on_level(part: str, rows: list[dict]) -> None:  # every finished level is on disk at once
+        state[part] = rows
+        _write(args.out, part, rows)
+        write_report(args, state, t_start)
+
     # Part 1 gets 60% of the budget, part 2 the rest (plus whatever part 1 left).
     if "embedded" in parts:
         try:
-            emb_rows, profile = part_embedded(args, device, t_start + 0.6 * args.budget_s, notes)
+            _, state["profile"] = part_embedded(args, device, t_start + 0.6 * args.budget_s, state["notes"], on_level)
         except Exception as err:  # no embedded model here: part 2 falls back to recorded acceptance
-            notes.append(f"embedded part failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
-    source = "measured on the embedded target (part 1), best draft_k at the lowest concurrency"
-    if set(profile) != {"eagle3", "peagle"}:
-        profile = {k: (min(v[0], max(args.draft_ks)), v[1]) for k, v in FALLBACK_PROFILE.items()}
-        source = "recorded CPU measurements (docs/fp8.md), part 1 not available"
-    rep_rows = []
+            state["notes"].append(f"embedded part failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+    state["source"] = "measured on the embedded target (part 1), best draft_k at the lowest concurrency"
+    if set(state["profile"]) != {"eagle3", "peagle"}:
+        state["profile"] = {k: (min(v[0], max(args.draft_ks)), v[1]) for k, v in FALLBACK_PROFILE.items()}
+        state["source"] = "recorded CPU measurements (docs/fp8.md), part 1 not available"
     if "replay" in parts:
-        rep_rows = part_replay(args, device, profile, t_start + args.budget_s, notes)
+        part_replay(args, device, state["profile"], t_start + args.budget_s, state["notes"], on_level)
+    md = write_report(args, state, t_start)
+    print(md)
+    print(json.dumps(dict(device=state["name"], wall_s=round(time.perf_counter() - t_start, 1),
+                          embedded_rows=len(state["embedded"]), replay_rows=len(state["replay"]))))
+    return 0 if state["embedded"] or state["replay"] else 1
+
+
+def write_report(args, state: dict, t_start: float) -> str:
+    """DIR/e2e.md (the tables) and DIR/e2e.json (every row); returns the markdown."""
     from peagle.bench.report import seed_table
 
-    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    md = [f"# End-to-end output tokens/s ({name}, torch {torch.__version__})", ""]
-    if emb_rows:
+    md = [f"# End-to-end output tokens/s ({state['name']}, torch {torch.__version__})", ""]
+    if state["embedded"]:
         md += ["## Embedded target (SmolLM2-135M, bf16, shipped heads): measured acceptance", "",
-               seed_table(emb_rows), ""]
-    if rep_rows:
-        md += [f"## Random-weight {args.replay_shape if not dry else 'tiny'} target: acceptance REPLAYED, not measured",
-               f"Per-position acceptance {source}: "
-               + "; ".join(f"{k} K={v[0]}: {', '.join(f'{x:.3f}' for x in v[1])}" for k, v in profile.items()), "",
-               replay_table(rep_rows), ""]
-    md += [f"- {n}" for n in notes]
-    (args.out / "e2e.md").write_text("\n".join(md) + "\n")
-    report = dict(device=name, dry_run=dry, profile={k: list(v) for k, v in profile.items()}, profile_source=source,
-                  embedded=emb_rows, replay=rep_rows, notes=notes, wall_s=round(time.perf_counter() - t_start, 1))
+               seed_table(state["embedded"]), ""]
+    if state["replay"]:
+        shape = "tiny" if args.dry_run else args.replay_shape
+        md += [f"## Random-weight {shape} target: acceptance REPLAYED, not measured",
+               f"Per-position acceptance {state['source']}: "
+               + "; ".join(f"{k} K={v[0]}: {', '.join(f'{x:.3f}' for x in v[1])}" for k, v in state["profile"].items()),
+               "", replay_table(state["replay"]), ""]
+    md += [f"- {n}" for n in state["notes"]]
+    text = "\n".join(md)
+    (args.out / "e2e.md").write_text(text + "\n")
+    report = dict(device=state["name"], dry_run=args.dry_run, profile={k: list(v) for k, v in state["profile"].items()},
+                  profile_source=state["source"], embedded=state["embedded"], replay=state["replay"],
+                  notes=state["notes"], wall_s=round(time.perf_counter() - t_start, 1))
     (args.out / "e2e.json").write_text(json.dumps(report, indent=2, default=str))
-    print("\n".join(md))
-    print(json.dumps(dict(device=name, wall_s=report["wall_s"], embedded_rows=len(emb_rows), replay_rows=len(rep_rows))))
-    return 0 if rep_rows or emb_rows else 1
+    return text
 
 
 if __name__ == "__main__":

@@ -34,6 +34,11 @@ def test_gpu_check_dry_run_quick_sections(tmp_path):
     assert (tmp_path / "graphs" / "graphs.csv").read_text().startswith("fp8,batch,tokens,mode")
     table = (tmp_path / "e2e" / "e2e.md").read_text()
     assert "| Concurrency |" in table and "REPLAYED" in table
+    import json
+
+    replay = json.loads((tmp_path / "e2e" / "e2e.json").read_text())["replay"]
+    assert all(r["identical_to_plain"] for r in replay if r["arm"] != "plain")  # replayed drafts stay lossless
+    assert max(r["acceptance_length"] for r in replay) > 1.0  # some drafts accepted
 
 
 @pytest.mark.slow

@@ -301,7 +301,7 @@ def main(argv=None) -> int:
     state["source"] = "measured on the embedded target (part 1), best draft_k at the lowest concurrency"
     if set(state["profile"]) != {"eagle3", "peagle"}:
         state["profile"] = {k: (min(v[0], max(args.draft_ks)), v[1]) for k, v in FALLBACK_PROFILE.items()}
-        state["source"] = "recorded CPU measurements (docs/fp8.md), part 1 not available"
+        state["source"] = "recorded CPU measurements (docs/fp8.md): part 1 did not run or had no trained heads"
     if "replay" in parts:
         part_replay(args, device, state["profile"], t_start + args.budget_s, state["notes"], on_level)
     md = write_report(args, state, t_start)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _dry_run(out: Path, sections: str | None) -> str:
-    env = dict(os.environ, OUT=str(out), OMP_NUM_THREADS="1")
+    env = dict(os.environ, OUT=str(out), OMP_NUM_THREADS="1", PYTHON=sys.executable)  # the venv's python, activated or not
     env.pop("GPU_CHECK_SECTIONS", None)
     if sections:
         env["GPU_CHECK_SECTIONS"] = sections

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Continue a shipped head on the broader mixture, then judge it on the evaluation suite beside the
+# shipped head (same sets, same sequences). Resumable: training resumes from OUT's last checkpoint.
+#
+#   KIND=eagle3 STEPS=200 bash scripts/broad_stage.sh
+#
+# The mixture: ShareGPT-style answers (data/smollm2-v2, shards SHARDS) plus every committed broad kind
+# (data/broad-*), about half and half, so the new kinds are not drowned by 21k chat answers.
+set -euo pipefail
+PY=${PY:-python}
+KIND=${KIND:-eagle3}
+STEPS=${STEPS:-200}
+LR=${LR:-2e-4}
+SHARDS=${SHARDS:-1-4}
+OUT=${OUT:-runs/broad-$KIND}
+SUITE_SEQUENCES=${SUITE_SEQUENCES:-40}
+MIX=${MIX:-runs/mix-broad}
+
+from=(data/smollm2-v2:"$SHARDS")
+for d in data/broad-*; do [ -d "$d/shards" ] && from+=("$d:0-999"); done
+$PY scripts/merge_data.py --out "$MIX" --from "${from[@]}" --vocab data/smollm2-v2/draft_vocab_6144.json
+
+case "$KIND" in
+  eagle3) args=(eagle3 --layers 1 --ttt-steps 7) ;;
+  peagle) args=(peagle --layers 4 --intermediate-size 768 --max-depth 8 --cod-ratio 0.6 --cod-min-ratio 0.05) ;;
+  *) echo "KIND must be eagle3 or peagle" >&2; exit 2 ;;
+esac
+$PY -m peagle.train "${args[@]}" --data "$MIX" --out "$OUT" --target default --features online \
+    --init-from "peagle/heads/$KIND" --draft-vocab-size 6144 --max-len 2048 --batch-size 8 --lr "$LR" \
+    --warmup-steps 10 --max-steps "$STEPS" --checkpoint-every 25 --log-every 5 --threads 1 --seed 31
+$PY -m peagle.train evaluate --suite --head "$OUT/final" --target-dtype float32 \
+    --max-sequences "$SUITE_SEQUENCES" --threads 1 --out "$OUT/suite_fp32.json"

@@ -3,7 +3,7 @@
 
 More nodes accept more tokens per cycle and cost more to verify: n nodes put n + 1 tokens through
 the target. Where a multi-token forward is nearly free (a GPU at small batch, a CPU with AMX) big
-trees pay; on a CPU without AMX (docs/benchmarks.md) verifying 33 tokens costs 3.4 plain steps and
+trees pay; on a CPU without AMX (docs/results.md, "Intel Xeon with avx512_bf16, no AMX") verifying 33 tokens costs 3.4 plain steps and
 only a handful of nodes pays. The policy measures both sides and picks, for n = 0..max_nodes,
 
     n* = argmax_n E(n) / T(n)          (n = 0: a plain decoding cycle)
@@ -29,7 +29,7 @@ cycle verifies a bigger tree (1.5 n* + 1), and every ``plain_every`` cycles one 
 While n* = 0 (no tree pays) the best budget >= 1 is tried after 1, 2, 4, 8, 16, 16, ... ``probe_every``
 cycles: each such probe costs more than it earns, and a run that decodes plainly should pay
 little for staying ready to draft.
-Worked example, measured on a CPU without AMX (docs/benchmarks.md, "Small trees", P-EAGLE at
+Worked example, measured on a CPU without AMX (docs/results.md, "Small trees", P-EAGLE at
 depth 3): E = 1.50 / 1.67 and T = 78.9 / 87.7 ms for 2 / 4 nodes, a 54.1 ms plain step:
     n=0: 18.5 tokens/s    n=2: 19.0    n=4: 19.0
 so any small tree pays a little here, and which of 2 or 4 nodes wins is within the noise.

@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     from peagle.embedded import load_target
     from peagle.machine import apply_threads
     from peagle.train.data import GenerationSettings
-    from peagle.train.data.regeneration import _encode, read_prompts, run_engine
+    from peagle.train.data.regeneration import encode_prompt, read_prompts, run_engine
 
     apply_threads(1)
     arms = []
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     rows, first = [], {}
     for engine, dtype, batch in arms:
         target = load_target(dtype=getattr(torch, dtype), threads=1)
-        ids = [i for i in (_encode(target, r) for r in records) if len(i) <= args.max_prompt_tokens]
+        ids = [i for i in (encode_prompt(target, r) for r in records) if len(i) <= args.max_prompt_tokens]
         settings = GenerationSettings(target="default", dtype=dtype, max_new_tokens=args.max_new_tokens,
                                       max_prompt_tokens=args.max_prompt_tokens, batch_size=batch)
         t0 = time.perf_counter()

@@ -45,7 +45,7 @@ def init_lm_head_from_target(head, target, used_ids: torch.Tensor) -> None:
     up to one scalar (the damping below), so training need only learn to reproduce the target's
     last hidden state. The gain is read by feeding the target's final norm a vector of ones, which
     is right for every RMS-style norm (Gemma's 1 + w too). Measured on the embedded run it was no
-    faster than a random readout (KL at step 20: 5.77 vs 5.82, docs/training.md), so it is opt-in.
+    faster than a random readout (KL at step 20: 5.77 vs 5.82, docs/results.md, "Levers and ablations"), so it is opt-in.
     """
     weight = target.model.get_output_embeddings().weight.detach().float()[used_ids.long()]
     norm = getattr(getattr(target.model, "base_model", None), "norm", None)

@@ -9,7 +9,7 @@ dimensions get a learning rate that is hundreds of times too high and the small 
 too low. That was a candidate for why the embedded heads learnt little beyond a trigram table
 (held-out top-1 agreement 0.28 at depth 1, a trigram lookup 0.29), but measured it is not: an
 EAGLE-3 run with it followed the run without it step for step over its first 60 steps (same
-batches; docs/training.md), so it is opt-in (``--precondition rms``), not the default.
+batches; docs/results.md, "Levers and ablations"), so it is opt-in (``--precondition rms``), not the default.
 
 The reparametrisation is a fixed diagonal preconditioner ``s = 1 / rms`` per input dimension (measured once on
 training data, first token of each sequence excluded): the optimiser steps ``raw`` and the layer

@@ -165,6 +165,7 @@ def _run_features(args) -> int:
 
 def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
     from . import kinds
+    from .packed.flex import ATTENTION_CHOICES
     from .trainer.config import TrainConfig
 
     d = TrainConfig(kind=kind, data="", out="")
@@ -205,6 +206,9 @@ def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--features", default=d.features, choices=["cache", "online"])
     p.add_argument("--mixed-precision", default=d.mixed_precision, choices=["auto", "no", "bf16"],
                    help="auto: bf16 autocast on GPUs and CPUs with native bf16 (AMX, avx512_bf16), else fp32")
+    p.add_argument("--attention", default=d.attention, choices=ATTENTION_CHOICES,
+                   help="P-EAGLE / EAGLE-3: chunked (per-sequence query chunks, the CPU path), flex (one FlexAttention "
+                        "call per layer, compiled on CUDA: the GPU path; same losses), auto: flex on CUDA, else chunked")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
     p.add_argument("--log-every", type=int, default=d.log_every)

@@ -35,16 +35,25 @@ class KeyGroup:
         return not bool(self.depth.any())
 
 
-def visible(q_anchor, q_depth, q_doc, k_anchor, k_depth, k_doc, window: int | None = None) -> torch.Tensor:
-    """[Q], [K] metadata -> [Q, K] bool; ``window``: depth-0 keys only within the last ``window``
-    positions up to the query's own (anchor + depth), as the drafter's ``attention_window`` does in
-    decoding."""
-    same_doc = q_doc[:, None] == k_doc[None, :]
-    context = (k_depth[None, :] == 0) & (k_anchor[None, :] <= q_anchor[:, None])
+def sees(q_anchor, q_depth, q_doc, k_anchor, k_depth, k_doc, window: int | None = None) -> torch.Tensor:
+    """The visibility rule, element-wise on broadcastable metadata: does query (a, d) see key (a', d')?
+
+    The one definition both paths use: :func:`visible` broadcasts it to a [Q, K] mask, the flex path
+    (peagle/train/packed/flex.py) calls it per (query, key) index as FlexAttention's mask_mod.
+    ``window``: depth-0 keys only within the last ``window`` positions up to the query's own
+    (anchor + depth), as the drafter's ``attention_window`` does in decoding.
+    """
+    context = (k_depth == 0) & (k_anchor <= q_anchor)
     if window is not None:
-        context &= k_anchor[None, :] > (q_anchor + q_depth)[:, None] - window
-    chain = (k_anchor[None, :] == q_anchor[:, None]) & (k_depth[None, :] >= 1) & (k_depth[None, :] <= q_depth[:, None])
-    return same_doc & (context | chain)
+        context = context & (k_anchor > q_anchor + q_depth - window)
+    chain = (k_anchor == q_anchor) & (k_depth >= 1) & (k_depth <= q_depth)
+    return (q_doc == k_doc) & (context | chain)
+
+
+def visible(q_anchor, q_depth, q_doc, k_anchor, k_depth, k_doc, window: int | None = None) -> torch.Tensor:
+    """[Q], [K] metadata -> [Q, K] bool (:func:`sees` for every query and key)."""
+    return sees(q_anchor[:, None], q_depth[:, None], q_doc[:, None], k_anchor[None, :], k_depth[None, :],
+                k_doc[None, :], window)
 
 
 def _attend_chunk(q, q_anchor, q_depth, q_doc, ranges, window, *kv_and_meta):

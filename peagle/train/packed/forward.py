@@ -2,7 +2,8 @@
 
 The head's own submodules run here (``layers[i]``, ``fc``, ``norm``, ``lm_head``,
 ``embed``), so a trained head drafts with exactly this math in ``peagle.generate``; only
-attention differs: the packed mask of peagle/train/packed/attention.py instead of the ragged cache.
+attention differs: the packed visibility rule, run by peagle/train/packed/attention.py (query chunks,
+the CPU path) or flex.py (one FlexAttention call, the GPU path) instead of over the ragged cache.
 
 A step is a sequence of *passes*; a pass's queries see the keys of every earlier pass and of
 itself (KV-cache style). P-EAGLE: one pass [depth-0 elements, COD chains]; with S segments,
@@ -22,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ...drafters.layers import rope_cos_sin
 from .attention import KeyGroup, packed_attention
+from .flex import flex_packed_attention, resolve_attention
 from .stream import Group, Packed
 
 
@@ -34,10 +36,14 @@ class Features:
 
 
 class PassRunner:
-    """Runs passes of elements through the head's layers, keeping every pass's keys/values."""
+    """Runs passes of elements through the head's layers, keeping every pass's keys/values.
 
-    def __init__(self, head, packed: Packed, budget: int = 1 << 23):
-        self.head, self.packed, self.budget = head, packed, budget
+    attention: "chunked" (attention.py: per-sequence query chunks, the CPU path), "flex" (flex.py:
+    one FlexAttention call per layer and pass, the GPU path) or "auto" (flex on CUDA, else chunked).
+    """
+
+    def __init__(self, head, packed: Packed, budget: int = 1 << 23, attention: str = "auto"):
+        self.head, self.packed, self.budget, self.attention = head, packed, budget, attention
         self.keys: list[list[KeyGroup]] = [[] for _ in head.layers]
 
     def run(self, groups: list[Group], hidden: torch.Tensor) -> torch.Tensor:
@@ -45,6 +51,8 @@ class PassRunner:
         head, cfg = self.head, self.head.config
         g = Group.cat(groups) if len(groups) > 1 else groups[0]
         sizes = [len(x) for x in groups]
+        flex = resolve_attention(self.attention, hidden.device) == "flex"
+        window = getattr(head, "attention_window", None)
         with record_function("train.embed"):  # regions named train.* are what scripts/profile_train.py reports
             cos, sin = rope_cos_sin(g.position[None], cfg.head_dim, cfg.rope_theta, hidden.dtype)
             emb = head.embed(g.token[None]).to(hidden.dtype)
@@ -54,8 +62,10 @@ class PassRunner:
                 kg, vg, qg = k[0].split(sizes), v[0].split(sizes), q[0].split(sizes)
                 for grp, kk, vv in zip(groups, kg, vg):
                     self.keys[i].append(KeyGroup(kk, vv, grp.anchor, grp.depth, grp.doc))
+                if flex:  # every group's queries in one call: the mask_mod tells them apart
+                    return flex_packed_attention(q[0], g.anchor, g.depth, g.doc, self.keys[i], window)[None]
                 outs = [packed_attention(qq, grp.anchor, grp.depth, grp.doc, self.keys[i], self.packed.doc_start, self.budget,
-                                         window=getattr(head, "attention_window", None)) for grp, qq in zip(groups, qg) if len(grp)]
+                                         window=window) for grp, qq in zip(groups, qg) if len(grp)]
                 return torch.cat(outs)[None]
             with record_function("train.layers"):
                 h, _ = layer(h, emb if i == 0 else None, cos, sin, attend)
@@ -68,7 +78,7 @@ class PassRunner:
         n = len(self.head.layers)
 
         def kv(anchor_rows):
-            inner = PassRunner(self.head, self.packed, self.budget)
+            inner = PassRunner(self.head, self.packed, self.budget, self.attention)
             inner.run([prefix], hidden_fn(prefix))
             return tuple(t for layer in inner.keys for kg in layer for t in (kg.k, kg.v))
 

@@ -99,7 +99,7 @@ def save_checkpoint(accelerator, out: Path, step: int, head, opt, sched, cfg: Tr
 
 #: options a resumed run may change; any other difference would change the result
 RESUMABLE_CHANGES = {"out", "data", "threads", "reschedule", "trim_memory", "log_every", "checkpoint_every", "keep_checkpoints",
-                     "features", "max_minutes"}
+                     "features", "max_minutes", "attention"}  # attention: the paths give the same losses
 
 
 def check_resume_config(path: Path, cfg: TrainConfig) -> None:

@@ -14,6 +14,7 @@ from .. import kinds as train_kinds
 from ..data.rows import read_row_file
 from ..data.shards import parse_shards
 from ..kinds.base import require_positive
+from ..packed.flex import ATTENTION_CHOICES
 
 
 @dataclass
@@ -52,6 +53,7 @@ class TrainConfig:
     features: str = "cache"  # "cache" (DATA/features) or "online" (target forward per step)
     precondition: str = "none"  # "rms": fc trained in standardised aux units (peagle/train/trainer/precondition.py)
     mixed_precision: str = "auto"  # "auto" (bf16 where matmuls are native: GPUs, AMX / avx512_bf16 CPUs) | "no" | "bf16"
+    attention: str = "auto"  # P-EAGLE / EAGLE-3 steps: "auto" (flex on CUDA, else chunked) | "chunked" | "flex" (peagle/train/packed/flex.py)
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
     log_every: int = 10
@@ -83,6 +85,8 @@ class TrainConfig:
             read_row_file(self.rows)  # likewise for a missing or malformed row file
         if self.mixed_precision not in ("auto", "no", "bf16"):
             raise ValueError(f"mixed_precision must be 'auto', 'no' or 'bf16', got {self.mixed_precision!r}")
+        if self.attention not in ATTENTION_CHOICES:
+            raise ValueError(f"attention must be one of {ATTENTION_CHOICES}, got {self.attention!r}")
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise ValueError(f"max_minutes must be > 0 (or None: no time budget), got {self.max_minutes}")
         require_positive(self, "draft_vocab_size", "max_len", "batch_size", "micro_batch_tokens", "checkpoint_every",

@@ -42,7 +42,7 @@ class Eagle3Training(EagleTraining):
         return plan, torch.tensor(plan.counts(steps), dtype=torch.float)
 
     def step(self, head, plan, feats, counts, cfg, stats=None):
-        return eagle3_step(head, plan, feats, counts.tolist(), cfg.options.ttt_steps, stats=stats)
+        return eagle3_step(head, plan, feats, counts.tolist(), cfg.options.ttt_steps, stats=stats, attention=cfg.attention)
 
     def stat_depths(self, cfg) -> int:
         return cfg.options.ttt_steps

@@ -63,7 +63,7 @@ class PEagleTraining(EagleTraining):
 
     def step(self, head, plan, feats, counts, cfg, stats=None):
         scale = loss_scale(counts, cfg.options.max_depth, cfg.options.depth0_share)
-        return peagle_step(head, plan, feats, scale, cfg.options.segments, stats=stats)
+        return peagle_step(head, plan, feats, scale, cfg.options.segments, stats=stats, attention=cfg.attention)
 
     def stat_depths(self, cfg) -> int:
         return cfg.options.max_depth

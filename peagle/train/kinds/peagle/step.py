@@ -24,18 +24,20 @@ def loss_scale(counts: torch.Tensor, max_depth: int, depth0_share: float | None)
 
 
 def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float | torch.Tensor, num_segments: int = 1,
-                backward: bool = True, budget: int = 1 << 23, stats: StepStats | None = None) -> StepStats:
+                backward: bool = True, budget: int = 1 << 23, stats: StepStats | None = None,
+                attention: str = "auto") -> StepStats:
     """P-EAGLE loss sum(scale * KL) over the plan's supervised elements, S forward+backward passes.
 
     norm: the supervised count of the whole global batch (so gradients add up across
     micro-batches, segments and processes), or a per-depth scale [K] (:func:`loss_scale`).
+    attention: "auto" | "chunked" | "flex" (peagle.train.packed.forward.PassRunner).
     """
     stats = stats if stats is not None else StepStats()
     plan = plan.to(feats.aux.device)  # plans are built on the CPU; the step runs where the features are
     K = head.config.max_draft_k
     hidden_of = fc_hidden(head, feats)
     for seg in segments(plan.d0, plan.chains, num_segments):
-        runner = PassRunner(head, plan.packed, budget)
+        runner = PassRunner(head, plan.packed, budget, attention)
         runner.add_prefix(seg.prefix, hidden_of)
         own0, chains = seg.own
         h0 = hidden_of(own0)

@@ -14,7 +14,8 @@
 #   env            devices and versions (fails without CUDA)
 #   install        offline `pip install -e .` if peagle.kernels does not import
 #   pytest_gpu     tests/gpu: kernels vs twins at real shapes (attention with windows, tree_verify
-#                  exact, FP8 quantisation bit-equal, weight-only FP8), FP8Linear modes
+#                  exact, FP8 quantisation bit-equal, weight-only FP8), FP8Linear modes; training
+#                  attention, compiled flex vs chunked, and one step's time with each
 #   fp8            fp8/: _scaled_mm vs emulation; Llama-8B decode step, bf16 vs every FP8 mode,
 #                  eager and CUDA graph, batch 1 and 32; a P-EAGLE cycle (scripts/gpu_fp8_check.py)
 #   sampling       sampling/tree_sampling.csv: tree_verify draws vs exact distributions, kernel and twin
@@ -22,7 +23,8 @@
 #   graphs         graphs/graphs.csv: verify steps eager vs CUDA graphs, Llama-8B shape (peagle.cuda_graphs)
 #   e2e            e2e/e2e.md: the source article's table, concurrency 1-64 (scripts/gpu_e2e_table.py)
 #   train          not in the default list (it needs minutes of its own): GPU_CHECK_SECTIONS=train,
-#                  or bash scripts/gpu_train_check.sh
+#                  or bash scripts/gpu_train_check.sh; TRAIN_ATTENTION="chunked flex" trains each
+#                  kind with both attention paths (default auto: flex on CUDA)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=0

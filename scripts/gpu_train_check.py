@@ -1,6 +1,6 @@
 """Training throughput on one GPU: each trainable head kind for a fixed time on a random target.
 
-    python scripts/gpu_train_check.py --out DIR [--minutes 1.5] [--shape llama1b|smollm]
+    python scripts/gpu_train_check.py --out DIR [--minutes 1.5] [--shape llama1b|smollm] [--attention chunked flex]
     python scripts/gpu_train_check.py --out DIR --dry-run     # tiny shapes on the CPU, for the test suite
 
 No network: the target is a random-init Llama built on the device (``llama1b``: hidden 2048, 16
@@ -13,7 +13,8 @@ features, step, clip, AdamW) runs for ``--minutes`` under bf16 autocast, and the
 the held-out shard by ``peagle.train.trainer.evaluate`` (greedy acceptance at draft_k 7, on the CPU: it
 reads cached features there). Writes DIR/train_check.json and DIR/train_check.csv (kind,
 steps, supervised elements/s, tokens/s, loss first/last, held-out acceptance); prints a table, then
-one JSON line.
+one JSON line. ``--attention`` (TrainConfig.attention; default auto: flex on CUDA) may name several
+paths: each kind then trains once per path, a row each.
 """
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def make_data(target, out: Path, prompts: int, prompt_len: int, new_tokens: int,
 
 
 def train_kind(kind_name: str, target, data: Path, train_shards: str, seconds: float, device: str, vocab: int,
-               bf16: bool, batch: int, max_len: int) -> tuple[dict, object]:
+               bf16: bool, batch: int, max_len: int, attention: str = "auto") -> tuple[dict, object]:
     """The trainer's step for ``seconds``; returns throughput figures and the head."""
     from peagle.train import kinds
     from peagle.train.data.rows import global_batch
@@ -75,7 +76,7 @@ def train_kind(kind_name: str, target, data: Path, train_shards: str, seconds: f
     cfg = TrainConfig.from_dict(dict(kind=kind_name, data=str(data), out=str(data / f"run_{kind_name}"), shards=train_shards,
                                      draft_vocab_size=vocab, batch_size=batch, max_len=max_len,
                                      micro_batch_tokens=batch * max_len, lr=1e-3, warmup_steps=10,
-                                     **KIND_OPTIONS.get(kind_name, {})))
+                                     attention=attention, **KIND_OPTIONS.get(kind_name, {})))
     kind.prepare_target(cfg, target)
     used = kind.train_vocab(cfg, target)
     ds = TrainSet(cfg.data, cfg.max_len, target, used, "cache", cfg.shards)
@@ -109,8 +110,8 @@ def train_kind(kind_name: str, target, data: Path, train_shards: str, seconds: f
         elements += float(counts.sum())
         losses.append(loss)
     wall = time.perf_counter() - t0
-    return {"kind": kind_name, "steps": steps, "seconds": round(wall, 2), "elements_per_s": round(elements / wall, 1),
-            "tokens_per_s": round(tokens / wall, 1), "loss_first": round(losses[0], 4),
+    return {"kind": kind_name, "attention": attention, "steps": steps, "seconds": round(wall, 2),
+            "elements_per_s": round(elements / wall, 1), "tokens_per_s": round(tokens / wall, 1), "loss_first": round(losses[0], 4),
             "loss_last": round(losses[-1], 4)}, head
 
 
@@ -130,6 +131,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="llama1b", choices=[s for s in SHAPES if s != "tiny"])
     ap.add_argument("--kinds", nargs="+", default=None, help="default: every trainable kind")
     ap.add_argument("--eval-sequences", type=int, default=16)
+    ap.add_argument("--attention", nargs="+", default=["auto"], choices=["auto", "chunked", "flex"],
+                    help="attention path(s) of the P-EAGLE / EAGLE-3 steps; several: one row per kind and path")
     ap.add_argument("--dry-run", action="store_true", help="tiny target on the CPU, a few seconds per kind")
     args = ap.parse_args(argv)
     from peagle.train import kinds
@@ -152,32 +155,34 @@ def main(argv=None) -> int:
     n_shards = -(-sizes["prompts"] // sizes["shard"])
     setup_s = time.perf_counter() - t0
     rows = []
-    for name in args.kinds or kinds.names():
+    for name, attention in [(n, a) for n in args.kinds or kinds.names() for a in args.attention]:
         try:
             rec, head = train_kind(name, target.to_device(device), data, f"1-{n_shards - 1}", seconds, device,
-                                   sizes["vocab"], bf16, sizes["batch"], sizes["max_len"])
+                                   sizes["vocab"], bf16, sizes["batch"], sizes["max_len"], attention)
             rec["heldout_acceptance"] = held_out(head, target, data, args.eval_sequences)
         except Exception as e:  # one kind failing must not hide the others' figures
-            rec = {"kind": name, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-2000:]}
+            rec = {"kind": name, "attention": attention, "error": f"{type(e).__name__}: {e}",
+                   "traceback": traceback.format_exc()[-2000:]}
         rows.append(rec)
         print(json.dumps({k: v for k, v in rec.items() if k != "traceback"}), flush=True)
     device_name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     report = {"device": device_name, "shape": shape, "dry_run": args.dry_run, "setup_seconds": round(setup_s, 1),
               "torch": torch.__version__, "rows": rows}
     (out / "train_check.json").write_text(json.dumps(report, indent=1))
-    fields = ["kind", "steps", "seconds", "elements_per_s", "tokens_per_s", "loss_first", "loss_last",
+    fields = ["kind", "attention", "steps", "seconds", "elements_per_s", "tokens_per_s", "loss_first", "loss_last",
               "heldout_acceptance", "error"]
     with open(out / "train_check.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     print(f"\n{device_name}, target {shape}, data + features {setup_s:.0f} s")
-    print("| kind | steps | elements/s | tokens/s | loss first / last | held-out acceptance |\n|---|---|---|---|---|---|")
+    print("| kind | attention | steps | elements/s | tokens/s | loss first / last | held-out acceptance |\n"
+          "|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['kind']} | failed: {r['error'][:80]} | | | | |")
+            print(f"| {r['kind']} | {r['attention']} | failed: {r['error'][:80]} | | | | |")
         else:
-            print(f"| {r['kind']} | {r['steps']} | {r['elements_per_s']} | {r['tokens_per_s']} | "
+            print(f"| {r['kind']} | {r['attention']} | {r['steps']} | {r['elements_per_s']} | {r['tokens_per_s']} | "
                   f"{r['loss_first']} / {r['loss_last']} | {r['heldout_acceptance']} |")
     print(json.dumps({k: v for k, v in report.items() if k != "rows"} | {"rows": [
         {k: v for k, v in r.items() if k != "traceback"} for r in rows]}))

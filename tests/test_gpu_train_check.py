@@ -24,4 +24,5 @@ def test_gpu_train_check_dry_run(tmp_path):
         r = by_kind[kind]
         assert "error" not in r, r
         assert r["steps"] >= 1 and r["elements_per_s"] > 0 and r["heldout_acceptance"] >= 1.0
-    assert (tmp_path / "train_check.csv").read_text().splitlines()[0].startswith("kind,steps")
+        assert r["attention"] == "auto"  # the default: chunked on the CPU, flex on CUDA
+    assert (tmp_path / "train_check.csv").read_text().splitlines()[0].startswith("kind,attention,steps")

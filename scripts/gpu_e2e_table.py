@@ -34,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import peagle  # noqa: E402
 from peagle.drafters.base import Draft, DrafterBase  # noqa: E402
+from peagle.stats import per_cycle_ms  # noqa: E402
 
 CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 SHAPES = {
@@ -221,13 +222,14 @@ def part_replay(args, device, profile: dict, deadline: float, notes: list[str], 
             peagle.generate(target, replay, batch, draft_k=k, max_new_tokens=8)  # warm-up
             _sync(device)
             t0 = time.perf_counter()
-            out = peagle.generate(target, replay, batch, draft_k=k, max_new_tokens=args.max_new_tokens)
+            out = peagle.generate(target, replay, batch, draft_k=k, max_new_tokens=args.max_new_tokens,
+                                  timing=True)  # the draft / verify split per cycle, as peagle bench reports it
             _sync(device)
             wall = time.perf_counter() - t0
             tokens = sum(len(s) for s in out.sequences)
             rows.append(dict(part="replay", arm=kind, draft_k=k, batch_size=c, otps=tokens / wall, new_tokens=tokens,
                              wall_s=wall, acceptance_length=out.stats.acceptance_length, acceptance="replayed",
-                             identical_to_plain=out.sequences == plain.sequences))
+                             identical_to_plain=out.sequences == plain.sequences, **per_cycle_ms([out.stats])))
         on_level("replay", rows)
     return rows
 
@@ -243,6 +245,18 @@ def replay_table(rows: list[dict]) -> str:
         lines.append(f"| {c} | {pe['otps']:.1f} (K={pe['draft_k']}) | {e3['otps']:.1f} (K={e3['draft_k']}) | "
                      f"{base['otps']:.1f} | {pe['otps'] / e3['otps']:.2f}x | {pe['otps'] / base['otps']:.2f}x | "
                      f"{pe['acceptance_length']:.2f} / {e3['acceptance_length']:.2f} |")
+    return "\n".join(lines)
+
+
+def split_table(rows: list[dict]) -> str:
+    """Drafting and verifying ms per cycle of every speculative row: why each ratio is what it is."""
+    lines = ["| Concurrency | arm | draft_k | tokens/s | acceptance length | draft ms / cycle | verify ms / cycle |",
+             "|" + "---|" * 7]
+    for r in sorted(rows, key=lambda r: (r["batch_size"], str(r.get("label", r["arm"])), r.get("draft_k", 0))):
+        if r.get("draft_ms") is None:
+            continue
+        lines.append(f"| {r['batch_size']} | {r.get('label', r['arm'])} | {r.get('draft_k', '-')} | {r['otps']:.1f} | "
+                     f"{r['acceptance_length']:.2f} | {r['draft_ms']:.2f} | {r['verify_ms']:.2f} |")
     return "\n".join(lines)
 
 
@@ -318,13 +332,13 @@ def write_report(args, state: dict, t_start: float) -> str:
     md = [f"# End-to-end output tokens/s ({state['name']}, torch {torch.__version__})", ""]
     if state["embedded"]:
         md += ["## Embedded target (SmolLM2-135M, bf16, shipped heads): measured acceptance", "",
-               seed_table(state["embedded"]), ""]
+               seed_table(state["embedded"]), "", "Time split per cycle:", "", split_table(state["embedded"]), ""]
     if state["replay"]:
         shape = "tiny" if args.dry_run else args.replay_shape
         md += [f"## Random-weight {shape} target: acceptance REPLAYED, not measured",
                f"Per-position acceptance {state['source']}: "
                + "; ".join(f"{k} K={v[0]}: {', '.join(f'{x:.3f}' for x in v[1])}" for k, v in state["profile"].items()),
-               "", replay_table(state["replay"]), ""]
+               "", replay_table(state["replay"]), "", "Time split per cycle:", "", split_table(state["replay"]), ""]
     md += [f"- {n}" for n in state["notes"]]
     text = "\n".join(md)
     (args.out / "e2e.md").write_text(text + "\n")

@@ -3,6 +3,9 @@
 # shipped head (same sets, same sequences). Resumable: training resumes from OUT's last checkpoint.
 #
 #   KIND=eagle3 STEPS=200 bash scripts/broad_stage.sh
+#   KIND=eagle3 STEPS=100 BROAD=0 SETS="sharegpt math code_tasks writing" OUT=runs/abl-chat bash scripts/broad_stage.sh
+#
+# BROAD=0 leaves the broad kinds out (the control of an ablation); SETS picks suite sets (default all).
 #
 # The mixture: ShareGPT-style answers (data/smollm2-v2, shards SHARDS) plus every committed broad kind
 # (data/broad-*), about half and half, so the new kinds are not drowned by 21k chat answers.
@@ -15,9 +18,11 @@ SHARDS=${SHARDS:-1-4}
 OUT=${OUT:-runs/broad-$KIND}
 SUITE_SEQUENCES=${SUITE_SEQUENCES:-40}
 MIX=${MIX:-runs/mix-broad}
+BROAD=${BROAD:-1}
+read -r -a SETS <<<"${SETS:-}"
 
 from=(data/smollm2-v2:"$SHARDS")
-for d in data/broad-*; do [ -d "$d/shards" ] && from+=("$d:0-999"); done
+if [ "$BROAD" = 1 ]; then for d in data/broad-*; do [ -d "$d/shards" ] && from+=("$d:0-999"); done; fi
 $PY scripts/merge_data.py --out "$MIX" --from "${from[@]}" --vocab data/smollm2-v2/draft_vocab_6144.json
 
 case "$KIND" in
@@ -28,5 +33,5 @@ esac
 $PY -m peagle.train "${args[@]}" --data "$MIX" --out "$OUT" --target default --features online \
     --init-from "peagle/heads/$KIND" --draft-vocab-size 6144 --max-len 2048 --batch-size 8 --lr "$LR" \
     --warmup-steps 10 --max-steps "$STEPS" --checkpoint-every 25 --log-every 5 --threads 1 --seed 31
-$PY -m peagle.train evaluate --suite --head "$OUT/final" --target-dtype float32 \
+$PY -m peagle.train evaluate --suite "${SETS[@]}" --head "$OUT/final" --target-dtype float32 \
     --max-sequences "$SUITE_SEQUENCES" --threads 1 --out "$OUT/suite_fp32.json"

@@ -23,7 +23,9 @@ read -r -a SETS <<<"${SETS:-}"
 
 from=(data/smollm2-v2:"$SHARDS")
 if [ "$BROAD" = 1 ]; then for d in data/broad-*; do [ -d "$d/shards" ] && from+=("$d:0-999"); done; fi
-$PY scripts/merge_data.py --out "$MIX" --from "${from[@]}" --vocab data/smollm2-v2/draft_vocab_6144.json
+# merged once: a resumed stage (or a second kind given the same MIX) trains on the same mixture even
+# if the data directories have grown since
+[ -f "$MIX/merged.json" ] || $PY scripts/merge_data.py --out "$MIX" --from "${from[@]}" --vocab data/smollm2-v2/draft_vocab_6144.json
 
 case "$KIND" in
   eagle3) args=(eagle3 --layers 1 --ttt-steps 7) ;;

@@ -55,6 +55,16 @@ def test_broad_prompts_split_evenly_and_refuse_mixing():
         sources.math_prompts(3, 0, "test")
 
 
+@pytest.mark.parametrize("name", ["math", "code_tasks"])
+def test_appended_prompts_are_new(name):
+    """`peagle train data --add-prompts` (broad_data.sh with a larger N) excludes the listed ids."""
+    first = broad_prompts(20, [name], seed=21)
+    more = broad_prompts(30, [name], seed=21, exclude_ids={p["id"] for p in first})
+    assert len(more) == 30
+    assert not {p["id"] for p in first} & {p["id"] for p in more}
+    assert not {p["text"] for p in first} & {p["text"] for p in more}
+
+
 def test_suite_sets_and_tables():
     assert set(suite.NAMES) >= {"sharegpt", "humaneval", "mtbench", "long_context", "writing", "math", "code_tasks"}
     with pytest.raises(ValueError, match="suite set must be one of"):

@@ -5,7 +5,8 @@
 #   KIND=eagle3 STEPS=200 bash scripts/broad_stage.sh
 #   KIND=eagle3 STEPS=100 BROAD=0 SETS="sharegpt math code_tasks writing" OUT=runs/abl-chat bash scripts/broad_stage.sh
 #
-# BROAD=0 leaves the broad kinds out (the control of an ablation); SETS picks suite sets (default all).
+# BROAD=0 leaves the broad kinds out (the control of an ablation); BROAD_SHARDS picks each broad kind's
+# shards (default all; 0-2 is the first 600 answers of a kind); SETS picks suite sets (default all).
 #
 # The mixture: ShareGPT-style answers (data/smollm2-v2, shards SHARDS) plus every committed broad kind
 # (data/broad-*), about half and half, so the new kinds are not drowned by 21k chat answers.
@@ -19,10 +20,11 @@ OUT=${OUT:-runs/broad-$KIND}
 SUITE_SEQUENCES=${SUITE_SEQUENCES:-40}
 MIX=${MIX:-runs/mix-broad}
 BROAD=${BROAD:-1}
+BROAD_SHARDS=${BROAD_SHARDS:-0-999}
 read -r -a SETS <<<"${SETS:-}"
 
 from=(data/smollm2-v2:"$SHARDS")
-if [ "$BROAD" = 1 ]; then for d in data/broad-*; do [ -d "$d/shards" ] && from+=("$d:0-999"); done; fi
+if [ "$BROAD" = 1 ]; then for d in data/broad-*; do [ -d "$d/shards" ] && from+=("$d:$BROAD_SHARDS"); done; fi
 # merged once: a resumed stage (or a second kind given the same MIX) trains on the same mixture even
 # if the data directories have grown since
 [ -f "$MIX/merged.json" ] || $PY scripts/merge_data.py --out "$MIX" --from "${from[@]}" --vocab data/smollm2-v2/draft_vocab_6144.json

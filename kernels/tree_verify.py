@@ -137,8 +137,7 @@ def tree_verify_torch(
         max_depth = int(tree_depths(parents).max().item())
     rows = torch.arange(B, device=dev)
     parents, tokens = parents.long(), draft_tokens.long()
-    tok_ok = (tokens >= 0) & (tokens < V)
-    tok = tokens.clamp(0, V - 1)
+    tok_ok, tok = (tokens >= 0) & (tokens < V), tokens.clamp(0, V - 1)
     cur = torch.zeros(B, dtype=torch.long, device=dev)  # current node
     depth = torch.zeros(B, dtype=torch.long, device=dev)
     path = torch.full((B, max_depth + 1), -1, dtype=torch.long, device=dev)
@@ -150,11 +149,10 @@ def tree_verify_torch(
         depth = depth + acc.long()
         path[rows[acc], depth[acc]] = n
 
-    if greedy:
+    if greedy:  # accept a child iff it is the target's argmax after its parent
         best = target.argmax(-1)  # [B, N]
         for n in range(1, N):
-            cand = (parents[:, n] == cur) & (depth < max_depth)
-            advance(cand & tok_ok[:, n] & (tok[:, n] == best[rows, cur]), n)
+            advance((parents[:, n] == cur) & (depth < max_depth) & tok_ok[:, n] & (tok[:, n] == best[rows, cur]), n)
         return TreeVerifyResult(path, depth, best[rows, cur])
 
     p, q = target, draft_probs

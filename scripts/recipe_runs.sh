@@ -33,6 +33,7 @@ arm_args() {
     peagle_2l)       echo "peagle ${PEAGLE[*]} --layers 2" ;;
     peagle_1l)       echo "peagle ${PEAGLE[*]} --layers 1 --intermediate-size 1536" ;;
     peagle_cod08)    echo "peagle ${PEAGLE[*]} --cod-ratio 0.8 --cod-min-ratio 0.2" ;;
+    peagle_d0fifth)  echo "peagle ${PEAGLE[*]} --depth0-share 0.2" ;;
     peagle_warm)     echo "peagle ${PEAGLE[*]} --init-from peagle/heads/eagle3" ;;
     *) echo "unknown arm $1" >&2; return 2 ;;
   esac

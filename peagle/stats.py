@@ -61,9 +61,12 @@ class GenerationStats:
 
     def __str__(self) -> str:
         pos = " ".join(f"{x:.2f}" for x in self.per_position_acceptance) or "-"
+        if self.timed:
+            split = f"draft {self.draft_time_s:.2f}s verify {self.verify_time_s:.2f}s other {self.other_time_s:.2f}s"
+        else:  # the cycles were not timed: a split would book them all as "other"
+            split = f"wall {self.wall_time_s:.2f}s (timing=True splits draft / verify)"
         return (f"draft_k={self.draft_k} acceptance_length={self.acceptance_length:.2f} "
-                f"tokens/s={self.tokens_per_s:.1f} new_tokens={self.new_tokens} "
-                f"time: draft {self.draft_time_s:.2f}s verify {self.verify_time_s:.2f}s other {self.other_time_s:.2f}s "
+                f"tokens/s={self.tokens_per_s:.1f} new_tokens={self.new_tokens} time: {split} "
                 f"| per-position acceptance: {pos}")
 
 

@@ -51,11 +51,14 @@ class GenerationStats:
         return max(self.wall_time_s - self.draft_time_s - self.verify_time_s, 0.0)
 
     def as_dict(self) -> dict:
+        """The headline numbers; the draft / verify / other split only where the cycles were timed
+        (untimed, every cycle would count as "other")."""
+        split = {"draft_time_s": round(self.draft_time_s, 4), "verify_time_s": round(self.verify_time_s, 4),
+                 "other_time_s": round(self.other_time_s, 4)} if self.timed else {}
         return {
             "draft_k": self.draft_k, "new_tokens": self.new_tokens, "target_passes": self.target_passes,
             "acceptance_length": round(self.acceptance_length, 4), "tokens_per_s": round(self.tokens_per_s, 3),
-            "wall_time_s": round(self.wall_time_s, 4), "draft_time_s": round(self.draft_time_s, 4),
-            "verify_time_s": round(self.verify_time_s, 4), "other_time_s": round(self.other_time_s, 4),
+            "wall_time_s": round(self.wall_time_s, 4), "timed": self.timed, **split,
             "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance],
         }
 
@@ -63,7 +66,7 @@ class GenerationStats:
         pos = " ".join(f"{x:.2f}" for x in self.per_position_acceptance) or "-"
         if self.timed:
             split = f"draft {self.draft_time_s:.2f}s verify {self.verify_time_s:.2f}s other {self.other_time_s:.2f}s"
-        else:  # the cycles were not timed: a split would book them all as "other"
+        else:  # see as_dict
             split = f"wall {self.wall_time_s:.2f}s (timing=True splits draft / verify)"
         return (f"draft_k={self.draft_k} acceptance_length={self.acceptance_length:.2f} "
                 f"tokens/s={self.tokens_per_s:.1f} new_tokens={self.new_tokens} time: {split} "

@@ -9,13 +9,14 @@
 # shards (default all; 0-2 is the first 600 answers of a kind); SETS picks suite sets (default all).
 #
 # The mixture: ShareGPT-style answers (data/smollm2-v2, shards SHARDS) plus every committed broad kind
-# (data/broad-*), about half and half, so the new kinds are not drowned by 21k chat answers.
+# (data/broad-*): shards 1-20 (~10k answers) against the 9,900 broad ones, about half and half, so the
+# new kinds are not drowned by 21k chat answers.
 set -euo pipefail
 PY=${PY:-python}
 KIND=${KIND:-eagle3}
 STEPS=${STEPS:-200}
 LR=${LR:-2e-4}
-SHARDS=${SHARDS:-1-4}
+SHARDS=${SHARDS:-1-20}
 OUT=${OUT:-runs/broad-$KIND}
 SUITE_SEQUENCES=${SUITE_SEQUENCES:-40}
 MIX=${MIX:-runs/mix-broad}

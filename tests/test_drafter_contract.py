@@ -106,6 +106,7 @@ def test_a_fixed_draft_k_waits_for_the_device_only_outside_the_loop(monkeypatch,
         counts[new] = (len(calls), out.stats.cycles)
         assert not out.stats.timed and out.stats.draft_time_s == 0.0
         assert "timing=True splits" in str(out.stats) and "draft 0.00s" not in str(out.stats)
+        assert "draft_time_s" not in out.stats.as_dict() and "draft_time_s" not in out._repr_html_()
     (short, short_cycles), (long, long_cycles) = counts[4], counts[24]
     assert long_cycles > short_cycles and long == short  # no waits inside the loop
     calls.clear()
@@ -114,7 +115,7 @@ def test_a_fixed_draft_k_waits_for_the_device_only_outside_the_loop(monkeypatch,
     assert out.stats.timed and out.stats.verify_time_s > out.stats.prefill_time_s
     assert waits == out.stats.cycles if drafter is None else out.stats.cycles < waits <= 3 * out.stats.cycles
     assert (out.stats.draft_time_s > 0) == (drafter is not None)
-    assert f"verify {out.stats.verify_time_s:.2f}s" in str(out.stats)
+    assert f"verify {out.stats.verify_time_s:.2f}s" in str(out.stats) and "draft_time_s" in out._repr_html_()
 
 
 class CountingNgram(peagle.NgramDrafter):

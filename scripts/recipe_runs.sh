@@ -35,6 +35,8 @@ arm_args() {
     peagle_cod08)    echo "peagle ${PEAGLE[*]} --cod-ratio 0.8 --cod-min-ratio 0.2" ;;
     peagle_d0fifth)  echo "peagle ${PEAGLE[*]} --depth0-share 0.2" ;;
     peagle_warm)     echo "peagle ${PEAGLE[*]} --init-from peagle/heads/eagle3" ;;
+    peagle_conf)     echo "peagle ${PEAGLE[*]} --chain-weight confidence" ;;
+    peagle_warm_conf) echo "peagle ${PEAGLE[*]} --chain-weight confidence --init-from peagle/heads/eagle3" ;;
     *) echo "unknown arm $1" >&2; return 2 ;;
   esac
 }

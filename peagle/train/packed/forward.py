@@ -160,8 +160,10 @@ def _loss_chunk(head, hidden, labels, w, target_logits, argmax: bool = True):
 
 
 def supervised_loss(head, out: torch.Tensor, group: Group, feats: Features, scale: torch.Tensor | float,
-                     stats: StepStats, max_depth: int) -> torch.Tensor:
+                     stats: StepStats, max_depth: int, weights: torch.Tensor | None = None) -> torch.Tensor:
     """sum(scale * KL) over the supervised rows, LOSS_CHUNK rows at a time.
+
+    weights: optional per-element factors [len(group)] on top of the per-depth scale.
 
     When the chunks' q - p would hold more than LOSS_SAVED_BUDGET values, each chunk is recomputed
     in backward instead, so no [rows, N] tensor outlives its chunk.
@@ -171,6 +173,8 @@ def supervised_loss(head, out: torch.Tensor, group: Group, feats: Features, scal
         return out.sum() * 0.0
     depth, labels = group.depth[sup], group.label[sup]
     w = scale[depth] if isinstance(scale, torch.Tensor) else torch.full(depth.shape, float(scale), device=out.device)
+    if weights is not None:
+        w = w * weights[sup].to(w.device, w.dtype)
     starts = range(0, sup.numel(), LOSS_CHUNK)
     saved = sup.numel() * head.lm_head.out_features
     use_ckpt = len(starts) > 1 and torch.is_grad_enabled() and saved > LOSS_SAVED_BUDGET

@@ -24,12 +24,15 @@ class PEagleOptions:
     segments: int = 1  # sequence partitioning: forward+backward passes per micro-batch
     train_embedding: str = "mask"  # "mask" (only the mask row), "all", "none"
     depth0_share: float | None = None  # share of the loss on depth-0 elements (None: by count, as every element)
+    chain_weight: str = "uniform"  # "confidence": mask positions weighted by the target's certainty of the skipped tokens
 
     def __post_init__(self) -> None:
         if self.depth0_share is not None and not 0.0 < self.depth0_share < 1.0:
             raise ValueError(f"depth0_share must be in (0, 1) or None, got {self.depth0_share}")
         if self.train_embedding not in ("mask", "all", "none"):
             raise ValueError(f"train_embedding must be mask, all or none, got {self.train_embedding!r}")
+        if self.chain_weight not in ("uniform", "confidence"):
+            raise ValueError(f"chain_weight must be uniform or confidence, got {self.chain_weight!r}")
         require_positive(self, "max_depth", "segments")
 
 
@@ -52,6 +55,8 @@ class PEagleTraining(EagleTraining):
         p.add_argument("--train-embedding", default=d.train_embedding, choices=["mask", "all", "none"])
         p.add_argument("--depth0-share", type=float, default=d.depth0_share,
                        help="share of the loss on depth 0 (the real token and features); default: by element count")
+        p.add_argument("--chain-weight", default=d.chain_weight, choices=["uniform", "confidence"],
+                       help="confidence: weight each mask position by the target's certainty of the tokens it skips")
 
     def count_size(self, cfg) -> int:
         return 2  # supervised depth-0 elements, supervised chain elements
@@ -63,7 +68,8 @@ class PEagleTraining(EagleTraining):
 
     def step(self, head, plan, feats, counts, cfg, stats=None):
         scale = loss_scale(counts, cfg.options.max_depth, cfg.options.depth0_share)
-        return peagle_step(head, plan, feats, scale, cfg.options.segments, stats=stats, attention=cfg.attention)
+        return peagle_step(head, plan, feats, scale, cfg.options.segments, stats=stats, attention=cfg.attention,
+                           chain_weight=cfg.options.chain_weight)
 
     def stat_depths(self, cfg) -> int:
         return cfg.options.max_depth

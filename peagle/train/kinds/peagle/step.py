@@ -23,15 +23,47 @@ def loss_scale(counts: torch.Tensor, max_depth: int, depth0_share: float | None)
     return torch.tensor([depth0_share / n0] + [(1.0 - depth0_share) / nc] * (max_depth - 1))
 
 
+def confidence_weights(group: Group, feats: Features, max_depth: int) -> torch.Tensor:
+    """Per-element loss weights [E] that favour mask positions whose skipped tokens the target was sure of.
+
+    A depth-d element learns the target's distribution after d tokens it never sees (the drafts
+    before it). Where the target was sure of those tokens, that distribution is what a drafter blind
+    to them should predict; where it was not, it is one branch of several. The weight is the product
+    of the target's top probability at the d skipped rows (1 at depth 0), divided by its mean over
+    the group's elements of the same depth, so each depth keeps its share of the loss.
+    """
+    depth, label = group.depth.long(), group.label.long()
+    d_max = int(depth.max()) if len(depth) else 0
+    w = torch.ones(len(group), device=label.device)
+    if d_max == 0:
+        return w
+    skipped = torch.stack([label - j for j in range(1, d_max + 1)], 1)  # [E, d_max] rows before the label
+    valid = torch.arange(1, d_max + 1, device=label.device)[None] <= depth[:, None]
+    rows, inverse = skipped[valid].unique(return_inverse=True)
+    with torch.no_grad():
+        top = torch.cat([feats.target_logits(r).float().softmax(-1).amax(-1) for r in rows.split(4096)])
+    log_conf = torch.zeros_like(skipped, dtype=torch.float32)
+    log_conf[valid] = top[inverse].clamp_min(1e-6).log()
+    w = log_conf.sum(1).exp()
+    for d in range(1, max(d_max, max_depth) + 1):  # each depth's mean weight stays 1
+        at = depth == d
+        if at.any():
+            w[at] = w[at] / w[at].mean().clamp_min(1e-6)
+    return w
+
+
 def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float | torch.Tensor, num_segments: int = 1,
                 backward: bool = True, budget: int = 1 << 23, stats: StepStats | None = None,
-                attention: str = "auto") -> StepStats:
+                attention: str = "auto", chain_weight: str = "uniform") -> StepStats:
     """P-EAGLE loss sum(scale * KL) over the plan's supervised elements, S forward+backward passes.
 
     norm: the supervised count of the whole global batch (so gradients add up across
     micro-batches, segments and processes), or a per-depth scale [K] (:func:`loss_scale`).
     attention: "auto" | "chunked" | "flex" (peagle.train.packed.forward.PassRunner).
+    chain_weight: "uniform" (every element of a depth alike) or "confidence" (:func:`confidence_weights`).
     """
+    if chain_weight not in ("uniform", "confidence"):
+        raise ValueError(f"chain_weight must be 'uniform' or 'confidence', got {chain_weight!r}")
     stats = stats if stats is not None else StepStats()
     plan = plan.to(feats.aux.device)  # plans are built on the CPU; the step runs where the features are
     K = head.config.max_draft_k
@@ -46,7 +78,8 @@ def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float | torch.Ten
         out = runner.run(parts, hidden)
         group = Group.cat(parts) if len(parts) > 1 else own0
         scale = norm.to(out.device) if isinstance(norm, torch.Tensor) else 1.0 / norm
-        loss = supervised_loss(head, out, group, feats, scale, stats, max(K, 1))
+        weights = confidence_weights(group, feats, K) if chain_weight == "confidence" else None
+        loss = supervised_loss(head, out, group, feats, scale, stats, max(K, 1), weights)
         stats.objective += float(loss.detach())
         if backward and loss.requires_grad:
             loss.backward()

@@ -135,6 +135,8 @@ def test_magpie_keeps_closed_distinct_turns(model):
     texts = [p["text"] for p in got]
     assert len(set(texts)) == len(texts) and all(p["source"] == "magpie" for p in got)
     assert 1 <= len(got) <= 5  # some sampled turns close with eos 7 within 24 tokens
+    again = magpie_prompts(target, 5, seed=0, max_tokens=24, batch_size=4, min_chars=1, avoid={texts[0].upper()})
+    assert texts[0] not in [p["text"] for p in again]  # a listed request is not written twice
     with pytest.raises(ValueError, match="num_prompts must be >= 0"):
         magpie_prompts(target, -1)
 

@@ -101,8 +101,10 @@ def _run_data(args) -> int:
 
             target = load_target_by_name(args.target, generation_dtype(settings.dtype))
             # appending: a seed past the listed prompts, so the target writes requests it has not written yet
-            seed = args.seed + (len(read_prompts(out)) if args.add_prompts else 0)
-            written = [p for p in magpie_prompts(target, args.magpie_prompts, seed=seed) if p["id"] not in exclude]
+            listed = read_prompts(out) if args.add_prompts else []
+            seed = args.seed + len(listed)
+            written = [p for p in magpie_prompts(target, args.magpie_prompts, seed=seed, avoid={p["text"] for p in listed if "text" in p})
+                       if p["id"] not in exclude]
             prompts = shuffled(prompts + written, args.seed)
         print(f"{len(prompts)} prompts ({sum(p['source'] == 'stdlib' for p in prompts)} code, "
               f"{sum(p['source'] == 'magpie' for p in prompts)} written by the target) -> {prompts_path(out)}", flush=True)

@@ -25,15 +25,23 @@ def user_turn_prefix(tokenizer) -> list[int]:
 
 def magpie_prompts(target, num_prompts: int, seed: int = 0, temperature: float = 1.0, top_p: float = 0.95,
                    max_tokens: int = 160, batch_size: int = 64, min_chars: int = 16, max_chars: int = 2000,
-                   attempts: int = 3) -> list[dict]:
-    """``num_prompts`` user requests written by ``target`` (fewer if ``attempts`` rounds cannot find them)."""
+                   attempts: int = 3, avoid: set[str] | frozenset[str] = frozenset(),
+                   show_progress: bool = True) -> list[dict]:
+    """``num_prompts`` user requests written by ``target`` (fewer if ``attempts`` rounds cannot find them).
+
+    avoid: request texts already listed (a directory being extended), compared as every repeat is:
+    case and whitespace ignored.
+    """
     if num_prompts < 0:
         raise ValueError(f"num_prompts must be >= 0, got {num_prompts}")
     tok = target.tokenizer
     if tok is None:
         raise ValueError("magpie: the target has no tokenizer")
     prefix = user_turn_prefix(tok)
-    keep, seen, out = EvalFilter(), set(), []
+    from tqdm.auto import tqdm
+
+    keep, seen, out = EvalFilter(), {_key(t) for t in avoid}, []
+    bar = tqdm(total=num_prompts, desc="magpie prompts", unit="prompt", disable=not show_progress)
     for attempt in range(attempts):
         want = num_prompts - len(out)
         if want <= 0:
@@ -45,11 +53,17 @@ def magpie_prompts(target, num_prompts: int, seed: int = 0, temperature: float =
             if not ids or ids[-1] not in target.eos_token_ids:
                 continue  # the turn never closed
             text = tok.decode(ids[:-1], skip_special_tokens=True).strip()
-            key = " ".join(text.split()).lower()
+            key = _key(text)
             if not (min_chars <= len(text) <= max_chars) or key in seen or not keep(text):
                 continue
             seen.add(key)
             out.append({"id": f"magpie/{seed}/{attempt}/{j}", "source": "magpie", "text": text})
+            bar.update(1)
             if len(out) == num_prompts:
                 break
+    bar.close()
     return out
+
+
+def _key(text: str) -> str:
+    return " ".join(text.split()).lower()

@@ -5,6 +5,10 @@
 #   KIND=eagle3 STEPS=200 bash scripts/broad_stage.sh
 #   KIND=eagle3 STEPS=100 BROAD=0 SETS="sharegpt math code_tasks writing" OUT=runs/abl-chat bash scripts/broad_stage.sh
 #
+# MIX names the merged directory (an existing one is used as it is: a mixture merged by hand with
+# scripts/merge_data.py, e.g. the long conversations plus some of each kind); MAX_LEN cuts sequences
+# (4608 keeps the 2-4k-token conversations of data/broad-long_turns); EXTRA adds trainer flags
+# (e.g. EXTRA="--chain-weight confidence" for P-EAGLE).
 # BROAD=0 leaves the broad kinds out (the control of an ablation); BROAD_SHARDS picks each broad kind's
 # shards (default all; 0-2 is the first 600 answers of a kind); SETS picks suite sets (default all).
 #
@@ -22,6 +26,8 @@ SUITE_SEQUENCES=${SUITE_SEQUENCES:-40}
 MIX=${MIX:-runs/mix-broad}
 BROAD=${BROAD:-1}
 BROAD_SHARDS=${BROAD_SHARDS:-0-999}
+MAX_LEN=${MAX_LEN:-2048}
+read -r -a EXTRA <<<"${EXTRA:-}"
 read -r -a SETS <<<"${SETS:-}"
 
 from=(data/smollm2-v2:"$SHARDS")
@@ -36,7 +42,7 @@ case "$KIND" in
   *) echo "KIND must be eagle3 or peagle" >&2; exit 2 ;;
 esac
 $PY -m peagle.train "${args[@]}" --data "$MIX" --out "$OUT" --target default --features online \
-    --init-from "peagle/heads/$KIND" --draft-vocab-size 6144 --max-len 2048 --batch-size 8 --lr "$LR" \
-    --warmup-steps 10 --max-steps "$STEPS" --checkpoint-every 25 --log-every 5 --threads 1 --seed 31
+    --init-from "peagle/heads/$KIND" --draft-vocab-size 6144 --max-len "$MAX_LEN" --batch-size 8 --lr "$LR" \
+    --warmup-steps 10 --max-steps "$STEPS" --checkpoint-every 25 --log-every 5 --threads 1 --seed 31 "${EXTRA[@]}"
 $PY -m peagle.train evaluate --suite "${SETS[@]}" --head "$OUT/final" --target-dtype float32 \
     --max-sequences "$SUITE_SEQUENCES" --threads 1 --out "$OUT/suite_fp32.json"

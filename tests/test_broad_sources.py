@@ -94,3 +94,36 @@ def test_depth0_share_weights_the_loss_by_group():
     from peagle.train.kinds.peagle.kind import PEagleOptions
     with pytest.raises(ValueError, match="depth0_share"):
         PEagleOptions(depth0_share=1.5)
+
+
+def _started_dir(tmp_path, shard_size: int, listed: int, started: list[int]):
+    import json
+    from dataclasses import asdict
+
+    from peagle.train.data.regeneration import GenerationSettings
+    settings = GenerationSettings(target="default", dtype="bfloat16", max_new_tokens=16, max_prompt_tokens=64,
+                                  temperature=0.0, top_p=1.0, seed=21, shard_size=shard_size, batch_size=4)
+    (tmp_path / "shards").mkdir(parents=True)
+    (tmp_path / "settings.json").write_text(json.dumps(asdict(settings)))
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "text": "x"}) + "\n" for i in range(listed)))
+    for s in started:
+        (tmp_path / "shards" / f"{s:05d}").mkdir()
+    return ["data", "--target", "default", "--out", str(tmp_path), "--prompts", "math", "--num-prompts", "3",
+            "--add-prompts", "--dtype", "bfloat16", "--max-new-tokens", "16", "--max-prompt-tokens", "64",
+            "--temperature", "0", "--seed", "21", "--batch-size", "4"]
+
+
+def test_an_extension_that_cannot_go_on_stops_before_any_work(tmp_path, monkeypatch):
+    """Other settings or a started last shard end `--add-prompts` before prompts are written or a model loads."""
+    from peagle.train import cli
+    from peagle.train.data import regeneration
+
+    def no_load(*a, **k):
+        raise AssertionError("the target was loaded")
+    monkeypatch.setattr(regeneration, "load_target_by_name", no_load)
+    args = _started_dir(tmp_path / "a", shard_size=200, listed=300, started=[0])
+    with pytest.raises(SystemExit, match="other settings.*shard_size"):
+        cli.main(args + ["--shard-size", "256"])
+    args = _started_dir(tmp_path / "b", shard_size=200, listed=300, started=[0, 1])
+    with pytest.raises(SystemExit, match="shard 00001 .* is started"):
+        cli.main(args + ["--shard-size", "200"])

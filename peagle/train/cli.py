@@ -63,6 +63,8 @@ def _run_data(args) -> int:
     from .data.prompts import build_prompts
     from .data.regeneration import (
         GenerationSettings,
+        check_extendable,
+        check_settings,
         check_worker,
         excluded_ids,
         extend_prompts,
@@ -85,6 +87,12 @@ def _run_data(args) -> int:
     fresh = not prompts_path(out).exists()
     if args.add_prompts and fresh:
         raise SystemExit(f"--add-prompts: {out} has no prompts yet (leave --add-prompts out to start it)")
+    try:  # before any prompt is written or any model loads: a resume that cannot go on stops at once
+        check_settings(out, settings)
+        if args.add_prompts:
+            check_extendable(out, settings.shard_size)
+    except ValueError as err:
+        raise SystemExit(str(err))
     prompts, target = [], None
     if fresh or args.add_prompts:
         sources = tuple(s.strip() for s in args.prompts.split(",") if s.strip())

@@ -98,11 +98,7 @@ def prepare(out: str | Path, prompts: list[dict], settings: GenerationSettings) 
     out = Path(out)
     (out / "shards").mkdir(parents=True, exist_ok=True)
     s_path, p_path = out / "settings.json", prompts_path(out)
-    if s_path.exists():
-        old = json.loads(s_path.read_text())
-        if old != asdict(settings):
-            diff = {k: (old.get(k), v) for k, v in asdict(settings).items() if old.get(k) != v}
-            raise ValueError(f"{out} was started with other settings (old, new): {diff}; use another --out or the same options")
+    check_settings(out, settings)
     if not p_path.exists():  # each file is written once, atomically; a kill between the two is harmless
         if not prompts:
             raise ValueError(f"{out} has no prompts.jsonl yet: pass the prompts")
@@ -115,12 +111,35 @@ def prepare(out: str | Path, prompts: list[dict], settings: GenerationSettings) 
         _write_json(s_path, asdict(settings))
 
 
+def check_settings(out: str | Path, settings: GenerationSettings) -> None:
+    """Raise ValueError if ``out`` was started with other settings (a resume must ask for the same)."""
+    s_path = Path(out) / "settings.json"
+    if s_path.exists():
+        old = json.loads(s_path.read_text())
+        if old != asdict(settings):
+            diff = {k: (old.get(k), v) for k, v in asdict(settings).items() if old.get(k) != v}
+            raise ValueError(f"{out} was started with other settings (old, new): {diff}; use another --out or the same options")
+
+
 def shuffled(prompts: list[dict], seed: int) -> list[dict]:
     import random
 
     out = list(prompts)
     random.Random(seed).shuffle(out)
     return out
+
+
+def check_extendable(out: str | Path, shard_size: int, listed: int | None = None) -> None:
+    """Raise ValueError if appending prompts to ``out`` would change a shard already started.
+
+    Only the last, partial shard may gain prompts (``listed``: prompts listed now, read if None).
+    """
+    listed = len(read_prompts(out)) if listed is None else listed
+    first_open = listed // shard_size  # the first shard whose prompts change
+    started = [d.name for d in (Path(out) / "shards").glob("*") if d.name[:5].isdigit() and int(d.name[:5]) >= first_open]
+    if started and listed % shard_size:
+        raise ValueError(f"extend_prompts: shard {first_open:05d} of {out} is started ({sorted(started)}); its prompts can "
+                         "no longer change")
 
 
 def extend_prompts(out: str | Path, new: list[dict], shard_size: int) -> int:
@@ -132,11 +151,7 @@ def extend_prompts(out: str | Path, new: list[dict], shard_size: int) -> int:
     import gzip
 
     old = read_prompts(out)
-    first_open = len(old) // shard_size  # the first shard whose prompts change
-    started = [d.name for d in (Path(out) / "shards").glob("*") if d.name[:5].isdigit() and int(d.name[:5]) >= first_open]
-    if started and len(old) % shard_size:
-        raise ValueError(f"extend_prompts: shard {first_open:05d} of {out} is started ({sorted(started)}); its prompts can "
-                         "no longer change")
+    check_extendable(out, shard_size, len(old))
     plain = Path(out) / "prompts.jsonl"
     for path in [p for p in (plain, plain.with_name(plain.name + ".gz")) if p.exists()]:  # keep both forms in step
         tmp = path.with_name(path.name + ".tmp")

@@ -12,7 +12,7 @@
 set -euo pipefail
 PY=${PY:-python}
 N=${N:-2000}                 # prompts per kind (long_turns: N / 2)
-SHARD=${SHARD:-256}
+SHARD=${SHARD:-200}             # the committed directories' shard size (a resume must ask for the same)
 ENGINE=${ENGINE:-batcher}
 BATCH=${BATCH:-64}
 KINDS=${KINDS:-"writing math code_tasks long_turns magpie"}

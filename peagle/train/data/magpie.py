@@ -8,6 +8,8 @@ or touch an evaluation prompt (HumanEval, MT-Bench) are dropped.
 """
 from __future__ import annotations
 
+from tqdm.auto import tqdm
+
 from ...sampling import SamplingParams
 from .engine import ContinuousBatcher
 from .prompts import EvalFilter
@@ -38,10 +40,7 @@ def magpie_prompts(target, num_prompts: int, seed: int = 0, temperature: float =
     if tok is None:
         raise ValueError("magpie: the target has no tokenizer")
     prefix = user_turn_prefix(tok)
-    from tqdm.auto import tqdm
-
     keep, seen, out = EvalFilter(), {_key(t) for t in avoid}, []
-    bar = tqdm(total=num_prompts, desc="magpie prompts", unit="prompt", disable=not show_progress)
     for attempt in range(attempts):
         want = num_prompts - len(out)
         if want <= 0:
@@ -49,7 +48,10 @@ def magpie_prompts(target, num_prompts: int, seed: int = 0, temperature: float =
         batcher = ContinuousBatcher(target.model, target.eos_token_ids, batch_size=batch_size, max_new_tokens=max_tokens,
                                     max_prompt_tokens=len(prefix), seed=seed + attempt,
                                     sampling=SamplingParams(temperature=temperature, top_p=top_p))
-        for j, ids in enumerate(batcher.run([prefix] * (want + want // 4 + 1))):
+        asks = want + want // 4 + 1
+        with tqdm(total=asks, desc=f"magpie requests (round {attempt + 1})", unit="request", disable=not show_progress) as bar:
+            written = batcher.run([prefix] * asks, on_done=lambda i, ids: bar.update(1))
+        for j, ids in enumerate(written):
             if not ids or ids[-1] not in target.eos_token_ids:
                 continue  # the turn never closed
             text = tok.decode(ids[:-1], skip_special_tokens=True).strip()
@@ -58,10 +60,8 @@ def magpie_prompts(target, num_prompts: int, seed: int = 0, temperature: float =
                 continue
             seen.add(key)
             out.append({"id": f"magpie/{seed}/{attempt}/{j}", "source": "magpie", "text": text})
-            bar.update(1)
             if len(out) == num_prompts:
                 break
-    bar.close()
     return out
 
 

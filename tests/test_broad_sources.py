@@ -63,6 +63,9 @@ def test_appended_prompts_are_new(name):
     assert len(more) == 30
     assert not {p["id"] for p in first} & {p["id"] for p in more}
     assert not {p["text"] for p in first} & {p["text"] for p in more}
+    listed = {p["id"] for p in broad_prompts(60, [name], seed=21)}
+    few = broad_prompts(5, [name], seed=21, exclude_ids=listed)  # far fewer new than listed (3,000 + 1,000)
+    assert len(few) == 5 and not listed & {p["id"] for p in few}
 
 
 def test_suite_sets_and_tables():

@@ -13,8 +13,8 @@
 # shards (default all; 0-2 is the first 600 answers of a kind); SETS picks suite sets (default all).
 #
 # The mixture: ShareGPT-style answers (data/smollm2-v2, shards SHARDS) plus every committed broad kind
-# (data/broad-*): shards 1-20 (~10k answers) against the 9,900 broad ones, about half and half, so the
-# new kinds are not drowned by 21k chat answers.
+# (data/broad-*): shards 1-20 (~10k answers) beside the broad ones, so the new kinds are not drowned
+# by 21k chat answers.
 set -euo pipefail
 PY=${PY:-python}
 KIND=${KIND:-eagle3}

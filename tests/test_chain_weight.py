@@ -24,13 +24,13 @@ def test_weights_follow_the_targets_certainty_of_skipped_rows():
     plan = plan_peagle(packed, K, mask_token_id=0, ratio=1.0, min_ratio=1.0)
     group = plan.chains
     sure = set(range(0, 20))  # the target is sure of rows 0-19 and unsure of 20-39
-    w = confidence_weights(group, _sharp_then_flat(T, N, sure), K)
+    w = confidence_weights(group, _sharp_then_flat(T, N, sure))
     for d in range(1, K):
         at = group.depth == d
         assert w[at].mean() == pytest.approx(1.0, rel=1e-5)  # each depth keeps its share of the loss
         skipped_sure = torch.stack([(group.label[at] - j) < 20 for j in range(1, d + 1)]).all(0)
         assert w[at][skipped_sure].min() > 10 * w[at][~skipped_sure].max()
-    d0 = confidence_weights(plan.d0, _sharp_then_flat(T, N, sure), K)
+    d0 = confidence_weights(plan.d0, _sharp_then_flat(T, N, sure))
     assert torch.equal(d0, torch.ones(len(plan.d0)))  # depth 0 skips nothing
 
 

@@ -201,7 +201,7 @@ def broad_prompts(num_prompts: int, sources, seed: int = 0, split: str = "train"
     out: list[dict] = []
     for i, name in enumerate(sources):
         want = num_prompts // len(sources) + (i < num_prompts % len(sources))
-        drawn = 2 * want + 16 + sum(i.startswith(f"{name}/") for i in exclude_ids)  # past the ids already listed
+        drawn = 2 * want + 16 + sum(pid.startswith(f"{name}/") for pid in exclude_ids)  # past the ids already listed
         found = [p for p in BROAD[name](drawn, seed, split) if p["id"] not in exclude_ids
                  and all(map(keep, [m["content"] for m in p.get("messages", []) if m["role"] == "user"] or [p["text"]]))]
         out += found[:want]

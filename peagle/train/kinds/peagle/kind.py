@@ -10,7 +10,7 @@ from ....drafters.eagle3 import Eagle3Drafter
 from ..base import require_positive
 from ..eagle_layout import EagleTraining
 from .plan import plan_peagle
-from .step import loss_scale, peagle_step
+from .step import CHAIN_WEIGHTS, loss_scale, peagle_step
 from .warm_start import peagle_from_eagle3
 
 
@@ -31,8 +31,8 @@ class PEagleOptions:
             raise ValueError(f"depth0_share must be in (0, 1) or None, got {self.depth0_share}")
         if self.train_embedding not in ("mask", "all", "none"):
             raise ValueError(f"train_embedding must be mask, all or none, got {self.train_embedding!r}")
-        if self.chain_weight not in ("uniform", "confidence"):
-            raise ValueError(f"chain_weight must be uniform or confidence, got {self.chain_weight!r}")
+        if self.chain_weight not in CHAIN_WEIGHTS:
+            raise ValueError(f"chain_weight must be one of {CHAIN_WEIGHTS}, got {self.chain_weight!r}")
         require_positive(self, "max_depth", "segments")
 
 
@@ -55,7 +55,7 @@ class PEagleTraining(EagleTraining):
         p.add_argument("--train-embedding", default=d.train_embedding, choices=["mask", "all", "none"])
         p.add_argument("--depth0-share", type=float, default=d.depth0_share,
                        help="share of the loss on depth 0 (the real token and features); default: by element count")
-        p.add_argument("--chain-weight", default=d.chain_weight, choices=["uniform", "confidence"],
+        p.add_argument("--chain-weight", default=d.chain_weight, choices=CHAIN_WEIGHTS,
                        help="confidence: weight each mask position by the target's certainty of the tokens it skips")
 
     def count_size(self, cfg) -> int:

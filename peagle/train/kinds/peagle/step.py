@@ -23,7 +23,10 @@ def loss_scale(counts: torch.Tensor, max_depth: int, depth0_share: float | None)
     return torch.tensor([depth0_share / n0] + [(1.0 - depth0_share) / nc] * (max_depth - 1))
 
 
-def confidence_weights(group: Group, feats: Features, max_depth: int) -> torch.Tensor:
+CHAIN_WEIGHTS = ("uniform", "confidence")  # how a depth's loss is shared among its elements
+
+
+def confidence_weights(group: Group, feats: Features) -> torch.Tensor:
     """Per-element loss weights [E] that favour mask positions whose skipped tokens the target was sure of.
 
     A depth-d element learns the target's distribution after d tokens it never sees (the drafts
@@ -34,9 +37,8 @@ def confidence_weights(group: Group, feats: Features, max_depth: int) -> torch.T
     """
     depth, label = group.depth.long(), group.label.long()
     d_max = int(depth.max()) if len(depth) else 0
-    w = torch.ones(len(group), device=label.device)
     if d_max == 0:
-        return w
+        return torch.ones(len(group), device=label.device)
     skipped = torch.stack([label - j for j in range(1, d_max + 1)], 1)  # [E, d_max] rows before the label
     valid = torch.arange(1, d_max + 1, device=label.device)[None] <= depth[:, None]
     rows, inverse = skipped[valid].unique(return_inverse=True)
@@ -45,11 +47,8 @@ def confidence_weights(group: Group, feats: Features, max_depth: int) -> torch.T
     log_conf = torch.zeros_like(skipped, dtype=torch.float32)
     log_conf[valid] = top[inverse].clamp_min(1e-6).log()
     w = log_conf.sum(1).exp()
-    for d in range(1, max(d_max, max_depth) + 1):  # each depth's mean weight stays 1
-        at = depth == d
-        if at.any():
-            w[at] = w[at] / w[at].mean().clamp_min(1e-6)
-    return w
+    mean = torch.zeros(d_max + 1, device=w.device).index_add_(0, depth, w) / torch.bincount(depth, minlength=d_max + 1).clamp_min(1)
+    return w / mean[depth].clamp_min(1e-6)  # each depth's mean weight is 1
 
 
 def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float | torch.Tensor, num_segments: int = 1,
@@ -62,7 +61,7 @@ def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float | torch.Ten
     attention: "auto" | "chunked" | "flex" (peagle.train.packed.forward.PassRunner).
     chain_weight: "uniform" (every element of a depth alike) or "confidence" (:func:`confidence_weights`).
     """
-    if chain_weight not in ("uniform", "confidence"):
+    if chain_weight not in CHAIN_WEIGHTS:
         raise ValueError(f"chain_weight must be 'uniform' or 'confidence', got {chain_weight!r}")
     stats = stats if stats is not None else StepStats()
     plan = plan.to(feats.aux.device)  # plans are built on the CPU; the step runs where the features are
@@ -78,7 +77,7 @@ def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float | torch.Ten
         out = runner.run(parts, hidden)
         group = Group.cat(parts) if len(parts) > 1 else own0
         scale = norm.to(out.device) if isinstance(norm, torch.Tensor) else 1.0 / norm
-        weights = confidence_weights(group, feats, K) if chain_weight == "confidence" else None
+        weights = confidence_weights(group, feats) if chain_weight == "confidence" else None
         loss = supervised_loss(head, out, group, feats, scale, stats, max(K, 1), weights)
         stats.objective += float(loss.detach())
         if backward and loss.requires_grad:

@@ -134,3 +134,50 @@ def test_the_cli_refuses_bad_options_before_loading_anything(trained, capsys):
         with pytest.raises(SystemExit) as exc:
             train_main([*base, *extra])
         assert word in str(exc.value) + capsys.readouterr().err  # argparse's own errors go to stderr
+
+
+def test_an_interrupted_suite_resumes_where_it_stopped(trained, monkeypatch, tmp_path):
+    """Each (head, set) is saved as it finishes; the same command measures only what is left."""
+    from peagle.train.trainer import suite
+
+    root, _, heads = trained
+    monkeypatch.setattr(suite, "SETS", (suite.SuiteSet("sharegpt", str(root / "data"), "2"),
+                                        suite.SuiteSet("math", str(root / "data"), "1")))
+    monkeypatch.setattr(suite, "NAMES", ("sharegpt", "math"))
+    calls, real = [], suite.evaluate_head
+    stop_at = {"n": 3}
+
+    def counted(*args, **kwargs):
+        calls.append((kwargs["head_name"], str(args[3])))
+        if len(calls) == stop_at["n"]:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(suite, "evaluate_head", counted)
+    out = tmp_path / "suite.json"
+    argv = ["evaluate", "--suite", "--head", str(heads["peagle"] / "final"), str(heads["eagle3"] / "final"),
+            "--target", str(root / "target"), "--target-dtype", "float32", "--draft-k", "3", "--max-sequences", "4",
+            "--threads", "1", "--out", str(out)]
+    with pytest.raises(KeyboardInterrupt):
+        train_main(argv)
+    partial = json.loads((tmp_path / "suite.json.partial").read_text())["results"]
+    assert sum(len(v) for v in partial.values()) == 2 and not out.exists()
+
+    calls.clear()
+    stop_at["n"] = 0
+    assert train_main(argv) == 0
+    assert len(calls) == 2  # the two (head, set) pairs the interruption left
+    resumed = json.loads(out.read_text())
+    assert not (tmp_path / "suite.json.partial").exists()
+    assert train_main([*argv[:-1], str(tmp_path / "fresh.json")]) == 0
+    fresh = json.loads((tmp_path / "fresh.json").read_text())
+    assert list(resumed) == list(fresh) and all(list(resumed[h]) == ["sharegpt", "math"] for h in resumed)
+    for h in fresh:
+        for name in fresh[h]:
+            assert resumed[h][name]["acceptance_length"] == pytest.approx(fresh[h][name]["acceptance_length"])
+
+    # a run with other settings does not reuse saved results
+    (tmp_path / "other.json.partial").write_text(json.dumps({"settings": {"draft_k": 5}, "results": partial}))
+    calls.clear()
+    assert train_main([*argv[:-1], str(tmp_path / "other.json")]) == 0
+    assert len(calls) == 4

@@ -122,23 +122,42 @@ def build_suite_data(target, root: Path | None = None, names=None, dtype: str = 
 
 
 def evaluate_suite(head_paths, target, root: Path | None = None, names=None, draft_k: int = 7,
-                   max_sequences: int | None = None, show_progress: bool = True) -> dict[str, dict[str, dict]]:
-    """{head: {set: HeldOutResult as a dict}} for every head on every set (online features)."""
+                   max_sequences: int | None = None, show_progress: bool = True, done: dict | None = None,
+                   on_result=None) -> dict[str, dict[str, dict]]:
+    """{head: {set: HeldOutResult as a dict}} for every head on every set (online features).
+
+    ``done`` holds results measured before (a resumed run: ``{head: {set: dict}}``), kept as they
+    are; ``on_result(results)`` is called after each new (head, set) so that a caller can save them.
+    """
     sets = [get(n) for n in (names or NAMES)]
     missing = [s.name for s in sets if not (resolve(s.data, root) / "settings.json").exists()
                and not (resolve(s.data, root) / "shards").exists()]
     if missing:
         raise FileNotFoundError(f"suite sets {missing} have no answers yet: run `peagle train suite-data` first")
-    results: dict[str, dict[str, dict]] = {}
+    results = {str(path): dict((done or {}).get(str(path), {})) for path in head_paths}
     for path in head_paths:
-        results[str(path)] = {}
         for s in sets:
+            if s.name in results[str(path)]:
+                continue
             head = from_pretrained(path, target=target)  # fresh per set: evaluate_head casts the head to float
             res = evaluate_head(head, target, resolve(s.data, root), s.shards, draft_k, s.max_len,
                                 max_sequences=max_sequences, show_progress=show_progress, head_name=str(path),
                                 features="online")
             results[str(path)][s.name] = asdict(res)
-    return results
+            if on_result is not None:
+                on_result(results)
+    return {h: {s.name: by_set[s.name] for s in sets} for h, by_set in results.items()}
+
+
+def _progress_file(out: str, settings: dict) -> tuple[Path, dict]:
+    """OUT.partial and the results it holds for these settings ({} when absent or made with others)."""
+    path = Path(out + ".partial")
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("settings") == settings:
+            return path, saved["results"]
+        print(f"{path} was written with other settings: starting over", flush=True)
+    return path, {}
 
 
 def run_cli(args) -> int:
@@ -147,13 +166,28 @@ def run_cli(args) -> int:
     if unknown:
         raise SystemExit(f"--suite sets must be among {', '.join(NAMES)}, got {sorted(unknown)}")
     target = cli_target(args)
+    draft_k = args.draft_k or 7
+    done, save = {}, None
+    if args.out:  # each (head, set) is saved as it finishes; the same command resumes after an interruption
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        settings = {"heads": [str(h) for h in args.head], "sets": list(args.suite or NAMES), "draft_k": draft_k,
+                    "max_sequences": args.max_sequences, "target": args.target, "target_dtype": args.target_dtype}
+        partial, done = _progress_file(args.out, settings)
+        if done:
+            kept = sum(len(v) for v in done.values())
+            print(f"resuming: {kept} (head, set) results kept from {partial}", flush=True)
+
+        def save(results):
+            tmp = partial.with_name(partial.name + ".tmp")  # replaced whole: an interruption never leaves half a file
+            tmp.write_text(json.dumps({"settings": settings, "results": results}))
+            tmp.replace(partial)
     try:
-        results = evaluate_suite(args.head, target, names=args.suite or None, draft_k=args.draft_k or 7,
-                                 max_sequences=args.max_sequences)
+        results = evaluate_suite(args.head, target, names=args.suite or None, draft_k=draft_k,
+                                 max_sequences=args.max_sequences, done=done, on_result=save)
     except FileNotFoundError as err:
         raise SystemExit(str(err))
-    print(f"\nsuite, draft_k {args.draft_k or 7}, target {args.target_dtype}\n{suite_table(results)}\n\n{depth_table(results)}")
+    print(f"\nsuite, draft_k {draft_k}, target {args.target_dtype}\n{suite_table(results)}\n\n{depth_table(results)}")
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=1))
+        Path(args.out + ".partial").unlink(missing_ok=True)
     return 0

@@ -150,8 +150,10 @@ def test_prompts_extend_only_an_unstarted_last_shard(tmp_path):
     assert extend_prompts(tmp_path, [rec(5), rec(6)], shard_size=4) == 7
     assert [p["id"] for p in read_prompts(tmp_path)] == [f"p/{i}" for i in range(7)]
     (tmp_path / "shards" / "00001.partial").write_text("")
-    with pytest.raises(ValueError, match="shard 00001 .* is started"):
+    with pytest.raises(ValueError, match="shard 00001 .* is started.*Delete .*00001 to answer it again"):
         extend_prompts(tmp_path, [rec(7)], shard_size=4)
+    (tmp_path / "shards" / "00001.partial").unlink()  # what the message advises: that shard is answered again
+    assert extend_prompts(tmp_path, [rec(7)], shard_size=4) == 8
 
 
 def test_auto_dtype_keeps_a_started_directorys_own(tmp_path):

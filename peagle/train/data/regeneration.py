@@ -139,7 +139,8 @@ def check_extendable(out: str | Path, shard_size: int, listed: int | None = None
     started = [d.name for d in (Path(out) / "shards").glob("*") if d.name[:5].isdigit() and int(d.name[:5]) >= first_open]
     if started and listed % shard_size:
         raise ValueError(f"extend_prompts: shard {first_open:05d} of {out} is started ({sorted(started)}); its prompts can "
-                         "no longer change")
+                         f"no longer change. Delete {Path(out) / 'shards' / f'{first_open:05d}'} to answer it again with the "
+                         "new prompts, or write them to a new directory")
 
 
 def extend_prompts(out: str | Path, new: list[dict], shard_size: int) -> int:

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Continue a shipped head on the broader mixture, then judge it on the evaluation suite beside the
-# shipped head (same sets, same sequences). Resumable: training resumes from OUT's last checkpoint.
+# Continue a shipped head on the broader mixture, then judge it on the held-out ShareGPT shards and the
+# evaluation suite (same sets, same sequences as the shipped head's). Resumable: training from OUT's last
+# checkpoint, the suite from OUT/suite_fp32.json.partial.
 #
 #   KIND=eagle3 STEPS=200 bash scripts/broad_stage.sh
-#   KIND=eagle3 STEPS=100 BROAD=0 SETS="sharegpt math code_tasks writing" OUT=runs/abl-chat bash scripts/broad_stage.sh
+#   KIND=eagle3 STEPS=100 BROAD=0 HELDOUT=0 SETS="sharegpt math code_tasks writing" OUT=runs/abl-chat bash scripts/broad_stage.sh
 #
 # MIX names the merged directory (an existing one is used as it is: a mixture merged by hand with
 # scripts/merge_data.py, e.g. the long conversations plus some of each kind); MAX_LEN cuts sequences
@@ -27,6 +28,7 @@ MIX=${MIX:-runs/mix-broad}
 BROAD=${BROAD:-1}
 BROAD_SHARDS=${BROAD_SHARDS:-0-999}
 MAX_LEN=${MAX_LEN:-2048}
+HELDOUT=${HELDOUT:-1}        # 0: skip the held-out shards (an ablation judged on SETS only)
 read -r -a EXTRA <<<"${EXTRA:-}"
 read -r -a SETS <<<"${SETS:-}"
 
@@ -44,5 +46,8 @@ esac
 $PY -m peagle.train "${args[@]}" --data "$MIX" --out "$OUT" --target default --features online \
     --init-from "peagle/heads/$KIND" --draft-vocab-size 6144 --max-len "$MAX_LEN" --batch-size 8 --lr "$LR" \
     --warmup-steps 10 --max-steps "$STEPS" --checkpoint-every 25 --log-every 5 --threads 1 --seed 31 "${EXTRA[@]}"
+# held out first (the shipping rule: a head replaces the shipped one only where this improves), then the suite
+[ "$HELDOUT" = 0 ] || [ -f "$OUT/heldout.json" ] || $PY -m peagle.train evaluate --head "$OUT/final" --data data/embedded-regenerated \
+    --shards 18-19 --draft-k 7 --target-dtype float32 --features online --threads 1 --out "$OUT/heldout.json"
 $PY -m peagle.train evaluate --suite "${SETS[@]}" --head "$OUT/final" --target-dtype float32 \
     --max-sequences "$SUITE_SEQUENCES" --threads 1 --out "$OUT/suite_fp32.json"

@@ -181,3 +181,14 @@ def test_an_interrupted_suite_resumes_where_it_stopped(trained, monkeypatch, tmp
     calls.clear()
     assert train_main([*argv[:-1], str(tmp_path / "other.json")]) == 0
     assert len(calls) == 4
+
+    # nor does a head retrained in place since the partial file was written
+    stop_at["n"], calls[:] = 2, []
+    with pytest.raises(KeyboardInterrupt):
+        train_main([*argv[:-1], str(tmp_path / "again.json")])
+    assert sum(len(v) for v in json.loads((tmp_path / "again.json.partial").read_text())["results"].values()) == 1
+    (heads["peagle"] / "final" / "config.json").touch()
+    calls.clear()
+    stop_at["n"] = 0
+    assert train_main([*argv[:-1], str(tmp_path / "again.json")]) == 0
+    assert len(calls) == 4

@@ -149,6 +149,12 @@ def evaluate_suite(head_paths, target, root: Path | None = None, names=None, dra
     return {h: {s.name: by_set[s.name] for s in sets} for h, by_set in results.items()}
 
 
+def _head_files(path) -> list:
+    """Name, size and mtime of a head folder's files: a head retrained in place does not reuse old results."""
+    p = Path(path)
+    return sorted([f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in p.iterdir() if f.is_file()) if p.is_dir() else []
+
+
 def _progress_file(out: str, settings: dict) -> tuple[Path, dict]:
     """OUT.partial and the results it holds for these settings ({} when absent or made with others)."""
     path = Path(out + ".partial")
@@ -170,7 +176,7 @@ def run_cli(args) -> int:
     done, save = {}, None
     if args.out:  # each (head, set) is saved as it finishes; the same command resumes after an interruption
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        settings = {"heads": [str(h) for h in args.head], "sets": list(args.suite or NAMES), "draft_k": draft_k,
+        settings = {"heads": {str(h): _head_files(h) for h in args.head}, "sets": list(args.suite or NAMES), "draft_k": draft_k,
                     "max_sequences": args.max_sequences, "target": args.target, "target_dtype": args.target_dtype}
         partial, done = _progress_file(args.out, settings)
         if done:

@@ -62,7 +62,7 @@ def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float | torch.Ten
     chain_weight: "uniform" (every element of a depth alike) or "confidence" (:func:`confidence_weights`).
     """
     if chain_weight not in CHAIN_WEIGHTS:
-        raise ValueError(f"chain_weight must be 'uniform' or 'confidence', got {chain_weight!r}")
+        raise ValueError(f"chain_weight must be one of {CHAIN_WEIGHTS}, got {chain_weight!r}")
     stats = stats if stats is not None else StepStats()
     plan = plan.to(feats.aux.device)  # plans are built on the CPU; the step runs where the features are
     K = head.config.max_draft_k

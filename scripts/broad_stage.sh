@@ -28,6 +28,8 @@ MIX=${MIX:-runs/mix-broad}
 BROAD=${BROAD:-1}
 BROAD_SHARDS=${BROAD_SHARDS:-0-999}
 MAX_LEN=${MAX_LEN:-2048}
+BATCH=${BATCH:-8}           # sequences a step
+SEED=${SEED:-31}
 HELDOUT=${HELDOUT:-1}        # 0: skip the held-out shards (an ablation judged on SETS only)
 read -r -a EXTRA <<<"${EXTRA:-}"
 read -r -a SETS <<<"${SETS:-}"
@@ -44,8 +46,8 @@ case "$KIND" in
   *) echo "KIND must be eagle3 or peagle" >&2; exit 2 ;;
 esac
 $PY -m peagle.train "${args[@]}" --data "$MIX" --out "$OUT" --target default --features online \
-    --init-from "peagle/heads/$KIND" --draft-vocab-size 6144 --max-len "$MAX_LEN" --batch-size 8 --lr "$LR" \
-    --warmup-steps 10 --max-steps "$STEPS" --checkpoint-every 25 --log-every 5 --threads 1 --seed 31 "${EXTRA[@]}"
+    --init-from "peagle/heads/$KIND" --draft-vocab-size 6144 --max-len "$MAX_LEN" --batch-size "$BATCH" --lr "$LR" \
+    --warmup-steps 10 --max-steps "$STEPS" --checkpoint-every 25 --log-every 5 --threads 1 --seed "$SEED" "${EXTRA[@]}"
 # held out first (the shipping rule: a head replaces the shipped one only where this improves), then the suite
 [ "$HELDOUT" = 0 ] || [ -f "$OUT/heldout.json" ] || $PY -m peagle.train evaluate --head "$OUT/final" --data data/embedded-regenerated \
     --shards 18-19 --draft-k 7 --target-dtype float32 --features online --threads 1 --out "$OUT/heldout.json"

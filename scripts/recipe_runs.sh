@@ -37,6 +37,9 @@ arm_args() {
     peagle_warm)     echo "peagle ${PEAGLE[*]} --init-from peagle/heads/eagle3" ;;
     peagle_conf)     echo "peagle ${PEAGLE[*]} --chain-weight confidence" ;;
     peagle_warm_conf) echo "peagle ${PEAGLE[*]} --chain-weight confidence --init-from peagle/heads/eagle3" ;;
+    peagle_ce)       echo "peagle ${PEAGLE[*]} --loss ce" ;;
+    peagle_lr3e3)    echo "peagle ${PEAGLE[*]} --lr 3e-3" ;;
+    peagle_warm60)   echo "peagle ${PEAGLE[*]} --warmup-steps 60" ;;
     *) echo "unknown arm $1" >&2; return 2 ;;
   esac
 }
@@ -49,8 +52,11 @@ for arm in $ARMS; do
   if [ ! -f "$dir/final/config.json" ]; then
     echo "== $arm: peagle train $args ($STEPS steps)"
     mkdir -p "$dir"
+    # the kind first, then the common options, then the arm's own (argparse keeps the last: an arm may override lr)
     # shellcheck disable=SC2086
-    /usr/bin/time -a -o "$dir/cpu_seconds" -f "%U %S" $PY -m peagle.train $args "${COMMON[@]}" --out "$dir"
+    set -- $args
+    kind=$1; shift
+    /usr/bin/time -a -o "$dir/cpu_seconds" -f "%U %S" $PY -m peagle.train "$kind" "${COMMON[@]}" "$@" --out "$dir"
   fi
   $PY -m peagle.train evaluate --head "$dir/final" --data "$HELDOUT_DATA" --shards "$HELDOUT_SHARDS" \
       --draft-k 7 --target-dtype float32 --features online --max-sequences "$EVAL_SEQUENCES" --threads 1 \

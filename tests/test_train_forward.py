@@ -100,6 +100,34 @@ def test_kl_is_kl_of_target_to_draft():
     torch.testing.assert_close(s1.grad, s2.grad)
 
 
+def test_ce_loss_is_cross_entropy_on_the_target_argmax():
+    t, s = torch.randn(6, 11), torch.randn(6, 11)
+    s1, s2 = s.clone().requires_grad_(), s.clone().requires_grad_()
+    w = torch.rand(6)
+    got = kl_target_draft(s1, t, "ce")
+    expect = F.cross_entropy(s2, t.argmax(-1), reduction="none")
+    torch.testing.assert_close(got, expect)
+    (got * w).sum().backward()
+    (expect * w).sum().backward()
+    torch.testing.assert_close(s1.grad, s2.grad)
+    assert not torch.allclose(got, kl_target_draft(s, t))  # a different objective from the KL
+    with pytest.raises(ValueError, match="loss must be one of"):
+        kl_target_draft(s, t, "mse")
+
+
+def test_peagle_option_loss_is_checked_and_reaches_the_step(target):
+    from peagle.train.kinds.peagle.kind import PEagleOptions
+    with pytest.raises(ValueError, match="loss must be one of"):
+        PEagleOptions(loss="mse")
+    head = tiny_head(target, "peagle", layers=1, max_draft_k=4)
+    seqs = [torch.randint(3, 250, (30,))]
+    feats = _features(target, seqs)
+    plan = plan_peagle(pack(seqs, [10]), 4, head.config.mask_token_id, generator=torch.Generator().manual_seed(0))
+    kl = peagle_step(head, plan, feats, norm=plan.num_supervised, backward=False).objective
+    ce = peagle_step(head, plan, feats, norm=plan.num_supervised, backward=False, loss="ce").objective
+    assert kl > 0 and ce > 0 and abs(ce - kl) > 1e-3  # the option changed the objective
+
+
 def _grads(head):
     return torch.cat([p.grad.flatten() for _, p in sorted(head.named_parameters()) if p.grad is not None])
 

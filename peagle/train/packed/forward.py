@@ -88,30 +88,46 @@ class PassRunner:
 
 
 class _KLTargetDraft(torch.autograd.Function):
-    """KL(p || q) with its gradient q - p saved as the only [E, N] tensor (the loss is memory-bound)."""
+    """KL(p || q) with its gradient q - p saved as the only [E, N] tensor (the loss is memory-bound).
+
+    hard: p is the one-hot of the target's argmax, so KL(p || q) = -log q[argmax] (cross-entropy).
+    """
 
     @staticmethod
-    def forward(ctx, draft_logits, target_logits):
+    def forward(ctx, draft_logits, target_logits, hard):
         logq = F.log_softmax(draft_logits.float(), dim=-1)
+        ctx.in_dtype = draft_logits.dtype
+        if hard:
+            best = target_logits.argmax(-1, keepdim=True)
+            loss = -logq.gather(-1, best).squeeze(-1)
+            q_minus_p = logq.exp_().scatter_add_(-1, best, torch.full_like(best, -1.0, dtype=logq.dtype))
+            ctx.save_for_backward(q_minus_p)
+            return loss
         logp = F.log_softmax(target_logits.float(), dim=-1)
         p = logp.exp()
         kl = (p * (logp - logq)).sum(-1)
-        ctx.in_dtype = draft_logits.dtype
         ctx.save_for_backward(logq.exp_().sub_(p))
         return kl
 
     @staticmethod
     def backward(ctx, grad):
         (q_minus_p,) = ctx.saved_tensors
-        return (q_minus_p * grad[:, None]).to(ctx.in_dtype), None
+        return (q_minus_p * grad[:, None]).to(ctx.in_dtype), None, None
 
 
-def kl_target_draft(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+LOSSES = ("kl", "ce")  # what a supervised element learns: the target's distribution, or only its argmax
+
+
+def kl_target_draft(draft_logits: torch.Tensor, target_logits: torch.Tensor, loss: str = "kl") -> torch.Tensor:
     """KL(p || q) per row over the draft vocabulary: p = softmax(target), q = softmax(draft). [E, N] -> [E].
 
+    loss "ce": p is the one-hot of the target's argmax instead, which makes the row's value the
+    cross-entropy -log q[argmax] (what greedy acceptance asks of a draft: the target's top token).
     The target side takes no gradient.
     """
-    return _KLTargetDraft.apply(draft_logits, target_logits.detach())
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    return _KLTargetDraft.apply(draft_logits, target_logits.detach(), loss == "ce")
 
 
 @dataclass
@@ -147,23 +163,24 @@ LOSS_CHUNK = 1024  # supervised rows whose [rows, N] logits exist at once
 LOSS_SAVED_BUDGET = 1 << 27
 
 
-def _loss_chunk(head, hidden, labels, w, target_logits, argmax: bool = True):
+def _loss_chunk(head, hidden, labels, w, target_logits, argmax: bool = True, loss: str = "kl"):
     with record_function("train.lm_head"):
         draft = head.logits(hidden)
     with record_function("train.target_logits"):
         tgt = target_logits(labels)
     with record_function("train.kl"):
-        kl = kl_target_draft(draft, tgt)
+        kl = kl_target_draft(draft, tgt, loss)
     if not argmax:
         return (kl * w).sum(), kl.detach(), None, None
     return (kl * w).sum(), kl.detach(), draft.argmax(-1), tgt.argmax(-1)
 
 
 def supervised_loss(head, out: torch.Tensor, group: Group, feats: Features, scale: torch.Tensor | float,
-                     stats: StepStats, max_depth: int, weights: torch.Tensor | None = None) -> torch.Tensor:
+                     stats: StepStats, max_depth: int, weights: torch.Tensor | None = None, loss: str = "kl") -> torch.Tensor:
     """sum(scale * KL) over the supervised rows, LOSS_CHUNK rows at a time.
 
     weights: optional per-element factors [len(group)] on top of the per-depth scale.
+    loss: "kl" or "ce" (:func:`kl_target_draft`); the stats' loss sums hold the same quantity.
 
     When the chunks' q - p would hold more than LOSS_SAVED_BUDGET values, each chunk is recomputed
     in backward instead, so no [rows, N] tensor outlives its chunk.
@@ -181,9 +198,9 @@ def supervised_loss(head, out: torch.Tensor, group: Group, feats: Features, scal
     total, kls, drafted, best = 0.0, [], [], []
     for s in starts:
         rows = slice(s, s + LOSS_CHUNK)
-        args = (head, out[sup[rows]], labels[rows], w[rows], feats.target_logits, stats.wants_argmax)
-        loss, kl, d_arg, t_arg = checkpoint(_loss_chunk, *args, use_reentrant=False) if use_ckpt else _loss_chunk(*args)
-        total = total + loss
+        args = (head, out[sup[rows]], labels[rows], w[rows], feats.target_logits, stats.wants_argmax, loss)
+        chunk_sum, kl, d_arg, t_arg = checkpoint(_loss_chunk, *args, use_reentrant=False) if use_ckpt else _loss_chunk(*args)
+        total = total + chunk_sum
         kls.append(kl)
         drafted.append(d_arg)
         best.append(t_arg)

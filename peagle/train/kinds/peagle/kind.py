@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ....drafters.eagle3 import Eagle3Drafter
+from ...packed.forward import LOSSES
 from ..base import require_positive
 from ..eagle_layout import EagleTraining
 from .plan import plan_peagle
@@ -25,6 +26,7 @@ class PEagleOptions:
     train_embedding: str = "mask"  # "mask" (only the mask row), "all", "none"
     depth0_share: float | None = None  # share of the loss on depth-0 elements (None: by count, as every element)
     chain_weight: str = "uniform"  # "confidence": mask positions weighted by the target's certainty of the skipped tokens
+    loss: str = "kl"  # "kl": KL(target || draft); "ce": cross-entropy on the target's argmax
 
     def __post_init__(self) -> None:
         if self.depth0_share is not None and not 0.0 < self.depth0_share < 1.0:
@@ -33,6 +35,8 @@ class PEagleOptions:
             raise ValueError(f"train_embedding must be mask, all or none, got {self.train_embedding!r}")
         if self.chain_weight not in CHAIN_WEIGHTS:
             raise ValueError(f"chain_weight must be one of {CHAIN_WEIGHTS}, got {self.chain_weight!r}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
         require_positive(self, "max_depth", "segments")
 
 
@@ -57,6 +61,8 @@ class PEagleTraining(EagleTraining):
                        help="share of the loss on depth 0 (the real token and features); default: by element count")
         p.add_argument("--chain-weight", default=d.chain_weight, choices=CHAIN_WEIGHTS,
                        help="confidence: weight each mask position by the target's certainty of the tokens it skips")
+        p.add_argument("--loss", default=d.loss, choices=LOSSES,
+                       help="kl: match the target's distribution; ce: cross-entropy on its argmax (the greedy token)")
 
     def count_size(self, cfg) -> int:
         return 2  # supervised depth-0 elements, supervised chain elements
@@ -69,7 +75,7 @@ class PEagleTraining(EagleTraining):
     def step(self, head, plan, feats, counts, cfg, stats=None):
         scale = loss_scale(counts, cfg.options.max_depth, cfg.options.depth0_share)
         return peagle_step(head, plan, feats, scale, cfg.options.segments, stats=stats, attention=cfg.attention,
-                           chain_weight=cfg.options.chain_weight)
+                           chain_weight=cfg.options.chain_weight, loss=cfg.options.loss)
 
     def stat_depths(self, cfg) -> int:
         return cfg.options.max_depth

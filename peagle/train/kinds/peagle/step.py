@@ -53,13 +53,14 @@ def confidence_weights(group: Group, feats: Features) -> torch.Tensor:
 
 def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float | torch.Tensor, num_segments: int = 1,
                 backward: bool = True, budget: int = 1 << 23, stats: StepStats | None = None,
-                attention: str = "auto", chain_weight: str = "uniform") -> StepStats:
+                attention: str = "auto", chain_weight: str = "uniform", loss: str = "kl") -> StepStats:
     """P-EAGLE loss sum(scale * KL) over the plan's supervised elements, S forward+backward passes.
 
     norm: the supervised count of the whole global batch (so gradients add up across
     micro-batches, segments and processes), or a per-depth scale [K] (:func:`loss_scale`).
     attention: "auto" | "chunked" | "flex" (peagle.train.packed.forward.PassRunner).
     chain_weight: "uniform" (every element of a depth alike) or "confidence" (:func:`confidence_weights`).
+    loss: "kl" (the target's distribution) or "ce" (its argmax; peagle.train.packed.forward.kl_target_draft).
     """
     if chain_weight not in CHAIN_WEIGHTS:
         raise ValueError(f"chain_weight must be one of {CHAIN_WEIGHTS}, got {chain_weight!r}")
@@ -78,9 +79,9 @@ def peagle_step(head, plan: PEaglePlan, feats: Features, norm: float | torch.Ten
         group = Group.cat(parts) if len(parts) > 1 else own0
         scale = norm.to(out.device) if isinstance(norm, torch.Tensor) else 1.0 / norm
         weights = confidence_weights(group, feats) if chain_weight == "confidence" else None
-        loss = supervised_loss(head, out, group, feats, scale, stats, max(K, 1), weights)
-        stats.objective += float(loss.detach())
-        if backward and loss.requires_grad:
-            loss.backward()
-        del runner, out, hidden, h0, loss  # free this segment's activations before the next one starts
+        seg_loss = supervised_loss(head, out, group, feats, scale, stats, max(K, 1), weights, loss)
+        stats.objective += float(seg_loss.detach())
+        if backward and seg_loss.requires_grad:
+            seg_loss.backward()
+        del runner, out, hidden, h0, seg_loss  # free this segment's activations before the next one starts
     return stats

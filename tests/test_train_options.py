@@ -93,7 +93,7 @@ def test_a_run_saved_with_flat_options_resumes_bit_for_bit(tmp_path):
     state = json.loads((ckpt / "trainer_state.json").read_text())
     new = state["config"]
     assert new["options"] == {"max_depth": 3, "cod_ratio": 0.9, "cod_min_ratio": 0.2, "segments": 1,
-                              "train_embedding": "mask", "depth0_share": None, "chain_weight": "uniform"}
+                              "train_embedding": "mask", "depth0_share": None, "chain_weight": "uniform", "loss": "kl"}
     flat = {k: v for k, v in new.items() if k not in ("options", "kind")}
     state["config"] = old_flat_config("peagle", **flat, **new["options"])
     (ckpt / "trainer_state.json").write_text(json.dumps(state))

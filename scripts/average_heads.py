@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -63,9 +62,6 @@ def main(argv=None) -> int:
         {"head": str(h), "weight": w / sum(weights)} for h, w in zip(args.heads, weights)]
     (args.out / "config.json").write_text(json.dumps(config, indent=2))
     save_file(state, str(args.out / "model.safetensors"))
-    for extra in ("trainer_state.json",):
-        if (args.heads[-1] / extra).exists():
-            shutil.copy(args.heads[-1] / extra, args.out / extra)
     print(json.dumps({"out": str(args.out), "tensors": len(state), "weights": config["peagle"]["averaged_from"]}))
     return 0
 

@@ -81,3 +81,10 @@ def test_compose_refuses_impossible_lengths(tmp_path, capsys):
     with pytest.raises(SystemExit) as err:
         compose_long.main(["--out", str(tmp_path), "--from", "nowhere:0", "--min-tokens", "90", "--max-tokens", "60"])
     assert err.value.code == 2 and "--min-tokens" in capsys.readouterr().err
+
+
+def test_compose_stops_when_the_rows_cannot_reach_the_length():
+    rows = [{"id": f"r{i}", "source": "chat", "input_ids": _row(i, 10, True), "prompt_len": 7, "response_len": 10,
+             "finished": True} for i in range(3)]
+    with pytest.raises(ValueError, match="only 0 sequences"):
+        compose_long.compose(rows, num=1, min_tokens=500, max_tokens=600, seed=0)

@@ -180,6 +180,39 @@ def auto_table(rows: list[dict]) -> str:
                    "Within 5%", "Mean K chosen"], body)
 
 
+def _setting(r: dict) -> str:
+    """An arm's label without its head's name, with its fixed draft_k and tree size: "tree + n-gram K=7 10 nodes"."""
+    arm = ARMS[r["arm"]]
+    label = arm.label.split(" ", 1)[1] if " " in arm.label else "chain"
+    nodes = f" {r['tree_nodes']} nodes" if arm.tree else ""
+    return f"{label} K={r['draft_k']}{nodes}"
+
+
+def head_to_head_table(rows: list[dict]) -> str:
+    """P-EAGLE's fastest arm against EAGLE-3's (chains and trees, fixed settings) per concurrency:
+    OTPS, acceptance length and draft + verify ms a cycle of each, and the ratio paired by repeat
+    (``_paired_ratio``). Empty unless both heads ran."""
+    body = []
+    for b in sorted({r["batch_size"] for r in rows}):
+        best = {}
+        for head in ("peagle", "eagle3"):
+            cands = [r for r in rows if ARMS[r["arm"]].drafter == head and r["batch_size"] == b
+                     and r["draft_k"] != "auto" and r.get("tree_nodes") != "auto"]
+            best[head] = max(cands, key=lambda r: r["otps"]) if cands else None
+        if best["peagle"] is None or best["eagle3"] is None:
+            continue
+        cells = [b]
+        for r in (best["peagle"], best["eagle3"]):
+            cells.append(f"{_setting(r)}: {r['otps']:,.1f} ({_fmt(r.get('acceptance_length'), 2)}; "
+                         f"{_fmt(r.get('draft_ms'), 1)} + {_fmt(r.get('verify_ms'), 1)} ms)")
+        cells.append(f"{_paired_ratio(best['peagle'], best['eagle3']):.3f}x")
+        body.append(cells)
+    if not body:
+        return ""
+    return _table(["Concurrency", "P-EAGLE's best arm: OTPS (acceptance; draft + verify)", "EAGLE-3's best arm",
+                   "P-EAGLE / EAGLE-3 (paired)"], body)
+
+
 def header(meta: dict) -> list[str]:
     """The lines every report opens with: model, dtype and threads (with why), machine, heads, command."""
     m = meta["machine"]
@@ -229,6 +262,9 @@ def summary(rows: list[dict], meta: dict, report_path) -> str:
     out = header(meta) + [""]
     for (dataset, temperature), group in _groups(rows):
         out += [f"{dataset}, temperature {temperature:g}: best setting per arm", summary_table(group), ""]
+        versus = head_to_head_table(group)
+        if versus:
+            out += [f"{dataset}, temperature {temperature:g}: P-EAGLE's best arm against EAGLE-3's", versus, ""]
     out.append(f"full report (every row, time split per cycle, notes): {report_path}")
     return "\n".join(out)
 
@@ -239,6 +275,9 @@ def human_report(rows: list[dict], notes: list[str], meta: dict) -> str:
         title = f"{dataset}, temperature {temperature:g}"
         out += [f"{title}: output tokens/s (OTPS)", seed_table(group), ""]
         out += [f"{title}: other arms, OTPS", peers_table(group), ""]
+        versus = head_to_head_table(group)
+        if versus:
+            out += [f"{title}: P-EAGLE's best arm against EAGLE-3's", versus, ""]
         auto = auto_table(group)
         if auto:
             out += [f"{title}: draft_k=auto (and tree_nodes=auto) vs the best fixed setting", auto, ""]

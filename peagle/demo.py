@@ -146,21 +146,45 @@ def _near_ties(target, prompts, results, specs) -> list[str]:
             "rounding; the identity column above is the float32 check."]
 
 
+def _arm_stats(calls) -> tuple[float, float]:
+    """(tokens/s, acceptance length) of one arm's calls, pooled over its prompts."""
+    tokens, wall = sum(c.new_tokens for c in calls), sum(c.wall_s for c in calls)
+    rc = sum(c.row_cycles for c in calls)
+    return tokens / wall, ((sum(c.accepted for c in calls) + rc) / rc if rc else 1.0)
+
+
+def _versus(specs, results) -> list[str]:
+    """One line: P-EAGLE's fastest arm against EAGLE-3's (the demo runs both heads' arms on the same prompts
+    in turn, so the ratio compares them under the same machine drift)."""
+    from peagle.bench.arms import ARMS
+
+    best = {}
+    for head in ("peagle", "eagle3"):
+        arms = [s for s in specs if ARMS[s.arm].drafter == head]
+        if arms:
+            best[head] = max(arms, key=lambda s: _arm_stats(results[s])[0])
+    if len(best) < 2:
+        return []
+    (p_otps, p_acc), (e_otps, e_acc) = (_arm_stats(results[best[h]]) for h in ("peagle", "eagle3"))
+    (p_draft, _), (e_draft, _) = (cycle_split(results[best[h]]) for h in ("peagle", "eagle3"))
+    return ["", f"P-EAGLE against EAGLE-3: best arms {ARMS[best['peagle'].arm].label} {p_otps:.1f} tokens/s (acceptance "
+                f"{p_acc:.2f}, drafting {p_draft:.1f} ms a cycle) and {ARMS[best['eagle3'].arm].label} {e_otps:.1f} "
+                f"({e_acc:.2f}, {e_draft:.1f} ms): {p_otps / e_otps:.2f}x."]
+
+
 def _table(specs, results, check_target, check, prompts) -> list[str]:
     """The arms' table: speed, acceptance, break-even and the float32 identity check (``check``: the
     same arms' runs on ``check_target``), each arm against plain decoding (``specs[0]``)."""
     from peagle.bench.arms import ARMS
 
     plain = results[specs[0]]
-    plain_otps = sum(c.new_tokens for c in plain) / sum(c.wall_s for c in plain)
+    plain_otps = _arm_stats(plain)[0]
     step_ms = cycle_split(plain)[1]
     lines = ["", "| Arm | draft_k | Tokens/s | Acceptance length | Speed-up over plain | Draft + verify ms per cycle "
                  "| Break-even acceptance | Identical to plain (float32) |", "|---|---|---|---|---|---|---|---|"]
     for spec in specs:
         calls = results[spec]
-        tokens, wall = sum(c.new_tokens for c in calls), sum(c.wall_s for c in calls)
-        rc = sum(c.row_cycles for c in calls)
-        acc = (sum(c.accepted for c in calls) + rc) / rc if rc else 1.0
+        otps, acc = _arm_stats(calls)
         chosen = [k for c in calls for k in c.chosen_k]
         nodes = [n for c in calls for n in c.chosen_nodes]
         k = "-" if spec.arm == "plain" else (f"auto (mean {sum(chosen) / len(chosen):.1f})" if chosen else str(spec.draft_k))
@@ -168,7 +192,7 @@ def _table(specs, results, check_target, check, prompts) -> list[str]:
             k += f", auto tree (mean {sum(nodes) / len(nodes):.1f} nodes)"
         draft_ms, verify_ms = cycle_split(calls)
         ident = _identity_cell(check_target, prompts, check[specs[0]], check[spec]) if spec.arm != "plain" else "-"
-        lines.append(f"| {ARMS[spec.arm].label} | {k} | {tokens / wall:.1f} | {acc:.2f} | {tokens / wall / plain_otps:.2f}x "
+        lines.append(f"| {ARMS[spec.arm].label} | {k} | {otps:.1f} | {acc:.2f} | {otps / plain_otps:.2f}x "
                      f"| {draft_ms:.1f} + {verify_ms:.1f} | {(draft_ms + verify_ms) / step_ms:.2f} | {ident} |")
     return lines
 
@@ -219,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
              f"dtype {dtype_reason}", f"threads {threads}: {threads_why}"]
     lines += [f"{ARMS[kind].label} head: {src}" for kind, src in sources.items()]
     lines += _table(specs, results, check_target, check, prompts)
+    lines += _versus(specs, results)
     costs = (cached_choice(target.config) or None) if target.device.type == "cpu" else None
     verify = ""
     if costs is not None and costs.costs:

@@ -38,6 +38,11 @@ def test_demo_runs_auto_beside_the_best_fixed_k_and_checks_identity(capsys):
     assert abs(float(rows[0][6]) - 1.0) < 1e-6  # plain decoding breaks even with itself
     assert "dtype float32: requested" in out and "threads 1: requested" in out
     assert "Break-even rule: a plain step took" in out
+    versus = next(line for line in out.splitlines() if line.startswith("P-EAGLE against EAGLE-3: best arms P-EAGLE"))
+    fastest = {h: max(float(r[2]) for r in rows if r[0].startswith(f"| {h}")) for h in ("P-EAGLE", "EAGLE-3")}
+    # the table's fastest arm of each head, and their ratio (from unrounded speeds: within rounding)
+    assert f" {fastest['P-EAGLE']:.1f} tokens/s" in versus and f" {fastest['EAGLE-3']:.1f} (" in versus
+    assert abs(float(versus.rsplit(" ", 1)[1].rstrip("x.")) - fastest["P-EAGLE"] / fastest["EAGLE-3"]) < 0.02
     assert "random-init head: acceptance is meaningless" in out
     assert "Start of one answer (P-EAGLE" in out
     assert "bf16 run" not in out  # a float32 run needs no near-tie analysis

@@ -52,6 +52,11 @@ def main() -> None:
     p.add_argument("--draft-k", type=int, default=7)
     p.add_argument("--max-new-tokens", type=int, default=48)
     args = p.parse_args()
+    for name in ("num", "draft_k", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if min(args.nodes) < 1:
+        p.error(f"--nodes must be >= 1 each, got {args.nodes}")
     torch.set_num_threads(1)
     target = peagle.load_target(dtype=torch.float32)
     drafter = peagle.load_drafter("peagle")

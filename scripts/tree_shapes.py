@@ -64,17 +64,20 @@ def main() -> None:
     shipped = tree_module._dynamic_row
     rules = {"as shipped": shipped, "no children off the chain": off_chain_rule(None),
              "off-chain children -1 nat": off_chain_rule(-1.0)}
-    for nodes in args.nodes:
-        for name, rule in rules.items():
-            tree_module._dynamic_row = rule
-            cells = []
-            for label, texts in sets.items():
-                acc = [peagle.generate(target, drafter, [prompt], draft_k=args.draft_k, max_new_tokens=args.max_new_tokens,
-                                       temperature=0.0, tree=peagle.TreeConfig(num_nodes=nodes)).stats.acceptance_length
-                       for prompt in encode_prompts(target, texts, chat=True)]
-                cells.append(f"{label} {sum(acc) / len(acc):.3f}")
-            print(f"{nodes} nodes, {name}: " + ", ".join(cells), flush=True)
-    tree_module._dynamic_row = shipped
+    try:
+        for nodes in args.nodes:
+            for name, rule in rules.items():
+                tree_module._dynamic_row = rule
+                cells = []
+                for label, texts in sets.items():
+                    acc = [peagle.generate(target, drafter, [prompt], draft_k=args.draft_k,
+                                           max_new_tokens=args.max_new_tokens, temperature=0.0,
+                                           tree=peagle.TreeConfig(num_nodes=nodes)).stats.acceptance_length
+                           for prompt in encode_prompts(target, texts, chat=True)]
+                    cells.append(f"{label} {sum(acc) / len(acc):.3f}")
+                print(f"{nodes} nodes, {name}: " + ", ".join(cells), flush=True)
+    finally:  # an interrupted run must not leave a variant in place for the caller
+        tree_module._dynamic_row = shipped
 
 
 if __name__ == "__main__":

@@ -192,3 +192,28 @@ def test_an_interrupted_suite_resumes_where_it_stopped(trained, monkeypatch, tmp
     stop_at["n"] = 0
     assert train_main([*argv[:-1], str(tmp_path / "again.json")]) == 0
     assert len(calls) == 4
+
+
+def test_the_suite_applies_the_attention_window_it_is_given(trained, monkeypatch, tmp_path):
+    """--attention-window reaches every head the suite scores (it was once ignored there)."""
+    from peagle.train.trainer import suite
+
+    root, _, heads = trained
+    monkeypatch.setattr(suite, "SETS", (suite.SuiteSet("sharegpt", str(root / "data"), "2"),))
+    monkeypatch.setattr(suite, "NAMES", ("sharegpt",))
+    seen, real = [], suite.evaluate_head
+
+    def recorded(head, *args, **kwargs):
+        seen.append(head.config.attention_window)
+        return real(head, *args, **kwargs)
+
+    monkeypatch.setattr(suite, "evaluate_head", recorded)
+    base = ["evaluate", "--suite", "--head", str(heads["peagle"] / "final"), str(heads["eagle3"] / "final"),
+            "--target", str(root / "target"), "--target-dtype", "float32", "--draft-k", "3", "--max-sequences", "2",
+            "--threads", "1"]
+    own = [from_pretrained(heads[k] / "final").config.attention_window for k in ("peagle", "eagle3")]
+    assert train_main([*base, "--out", str(tmp_path / "own.json")]) == 0 and seen == own
+    seen.clear()
+    assert train_main([*base, "--attention-window", "3", "--out", str(tmp_path / "w3.json")]) == 0 and seen == [3, 3]
+    seen.clear()
+    assert train_main([*base, "--attention-window", "0"]) == 0 and seen == [None, None]

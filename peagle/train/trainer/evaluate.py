@@ -168,17 +168,23 @@ def cli_target(args):
     return load_target_by_name(args.target, args.target_dtype)
 
 
+def load_eval_head(path, target, window: int | None = None):
+    """The head at ``path`` bound to ``target``; ``window`` (the CLI's --attention-window) replaces its
+    own attention window: None keeps the head's, 0 attends the whole context."""
+    head = from_pretrained(path, target=target)
+    if window is not None:
+        if not hasattr(head, "set_attention_window"):
+            raise SystemExit(f"--attention-window applies to EAGLE-3 / P-EAGLE heads, not {type(head).__name__}")
+        head.set_attention_window(window or None)
+    return head
+
+
 def run_cli(args) -> int:
     """``peagle train evaluate --data DIR``: each head on held-out rows of one data directory."""
     target = cli_target(args)
-    window = getattr(args, "attention_window", None)
     results = []
     for path in args.head:
-        head = from_pretrained(path, target=target)
-        if window is not None:
-            if not hasattr(head, "set_attention_window"):
-                raise SystemExit(f"--attention-window applies to EAGLE-3 / P-EAGLE heads, not {type(head).__name__}")
-            head.set_attention_window(window or None)
+        head = load_eval_head(path, target, getattr(args, "attention_window", None))
         options = {"anchor_stride": args.anchor_stride} if getattr(args, "anchor_stride", 1) != 1 else {}
         res = evaluate_head(head, target, args.data, args.shards, args.draft_k, args.max_len,
                             max_sequences=args.max_sequences, head_name=str(path), eval_options=options,

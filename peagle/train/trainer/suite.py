@@ -22,12 +22,11 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ...checkpoint import from_pretrained
 from ...evalsets import humaneval_prompts, mtbench_prompts
 from ..data.regeneration import GenerationSettings, regenerate
 from ..data.shards import shard_metadata
 from ..data.sources import SOURCES
-from .evaluate import cli_target, evaluate_head
+from .evaluate import cli_target, evaluate_head, load_eval_head
 
 SUITE_ROOT = "data/suite"
 
@@ -123,8 +122,12 @@ def build_suite_data(target, root: Path | None = None, names=None, dtype: str = 
 
 def evaluate_suite(head_paths, target, root: Path | None = None, names=None, draft_k: int = 7,
                    max_sequences: int | None = None, show_progress: bool = True, done: dict | None = None,
-                   on_result=None) -> dict[str, dict[str, dict]]:
+                   on_result=None, attention_window: int | None = None,
+                   anchor_stride: int = 1) -> dict[str, dict[str, dict]]:
     """{head: {set: HeldOutResult as a dict}} for every head on every set (online features).
+
+    ``attention_window`` replaces each head's own (None: keep it; 0: the whole context);
+    ``anchor_stride`` > 1 scores every s-th anchor (DFlash heads, as in ``peagle train evaluate``).
 
     ``done`` holds results measured before (a resumed run: ``{head: {set: dict}}``), kept as they
     are; ``on_result(results)`` is called after each new (head, set) so that a caller can save them.
@@ -139,10 +142,10 @@ def evaluate_suite(head_paths, target, root: Path | None = None, names=None, dra
         for s in sets:
             if s.name in results[str(path)]:
                 continue
-            head = from_pretrained(path, target=target)  # fresh per set: evaluate_head casts the head to float
+            head = load_eval_head(path, target, attention_window)  # fresh per set: evaluate_head casts it to float
             res = evaluate_head(head, target, resolve(s.data, root), s.shards, draft_k, s.max_len,
                                 max_sequences=max_sequences, show_progress=show_progress, head_name=str(path),
-                                features="online")
+                                features="online", eval_options={"anchor_stride": anchor_stride} if anchor_stride != 1 else {})
             results[str(path)][s.name] = asdict(res)
             if on_result is not None:
                 on_result(results)
@@ -177,7 +180,8 @@ def run_cli(args) -> int:
     if args.out:  # each (head, set) is saved as it finishes; the same command resumes after an interruption
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         settings = {"heads": {str(h): _head_files(h) for h in args.head}, "sets": list(args.suite or NAMES), "draft_k": draft_k,
-                    "max_sequences": args.max_sequences, "target": args.target, "target_dtype": args.target_dtype}
+                    "max_sequences": args.max_sequences, "target": args.target, "target_dtype": args.target_dtype,
+                    "attention_window": args.attention_window, "anchor_stride": args.anchor_stride}
         partial, done = _progress_file(args.out, settings)
         if done:
             kept = sum(len(v) for v in done.values())
@@ -189,7 +193,8 @@ def run_cli(args) -> int:
             tmp.replace(partial)
     try:
         results = evaluate_suite(args.head, target, names=args.suite or None, draft_k=draft_k,
-                                 max_sequences=args.max_sequences, done=done, on_result=save)
+                                 max_sequences=args.max_sequences, done=done, on_result=save,
+                                 attention_window=args.attention_window, anchor_stride=args.anchor_stride)
     except FileNotFoundError as err:
         raise SystemExit(str(err))
     print(f"\nsuite, draft_k {draft_k}, target {args.target_dtype}\n{suite_table(results)}\n\n{depth_table(results)}")

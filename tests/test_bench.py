@@ -59,7 +59,7 @@ def test_quick_sweep_writes_tables_csv_plots_and_a_final_json_line(tmp_path, cap
     assert "dtype float32: requested" in human and f"full report (every row, time split per cycle, notes): {tmp_path / 'report.md'}" in human
     assert "| Arm | concurrency 1: OTPS (vs plain) | concurrency 2: OTPS (vs plain) | Identical to plain |" in stdout
     assert "temperature 0: P-EAGLE's best arm against EAGLE-3's" in stdout  # and in the report
-    assert "| Concurrency | P-EAGLE's best arm: OTPS (acceptance; draft + verify) |" in (tmp_path / "report.md").read_text()
+    assert "| Concurrency | P-EAGLE's best arm: OTPS (vs plain; acceptance; draft + verify) |" in (tmp_path / "report.md").read_text()
     assert "every row (time split per cycle" in (tmp_path / "report.md").read_text()
 
 
@@ -345,14 +345,14 @@ def test_head_to_head_pairs_each_heads_fastest_arm():
     rows = [dict(_row("peagle", 3, 1, 200.0), otps_all=[210.0, 200.0, 190.0], acceptance_length=1.9,
                  draft_ms=9.0, verify_ms=60.0),
             dict(_row("peagle_tree_ngram", 7, 1, 240.0), tree_nodes=10, otps_all=[250.0, 240.0, 120.0],
-                 acceptance_length=2.7, draft_ms=9.1, verify_ms=58.8),
+                 acceptance_length=2.7, draft_ms=9.1, verify_ms=58.8, speedup_vs_baseline=2.4),
             dict(_row("eagle3_tree", 3, 1, 230.0), tree_nodes=16, otps_all=[250.0, 230.0, 100.0],
                  acceptance_length=2.2, draft_ms=11.5, verify_ms=63.4),
             _row("eagle3", "auto", 1, 999.0), _row("ngram", 3, 1, 500.0), _row("plain", 0, 1, 100.0)]
     table = report.head_to_head_table(rows)
     line = table.splitlines()[2]
-    assert "tree + n-gram K=7 10 nodes: 240.0 (2.70; 9.1 + 58.8 ms)" in line
-    assert "tree K=3 16 nodes: 230.0 (2.20; 11.5 + 63.4 ms)" in line
+    assert "tree + n-gram K=7 10 nodes: 240.0 (2.40x; 2.70; 9.1 + 58.8 ms)" in line
+    assert "tree K=3 16 nodes: 230.0 (-; 2.20; 11.5 + 63.4 ms)" in line  # no plain row paired with it: "-"
     assert line.endswith("| 1.043x |")  # paired: 1.00, 1.043, 1.20 -> median 1.043 (medians alone: 1.043 too)
     rows[2]["otps_all"] = [230.0, 260.0, 100.0]  # same median; paired 1.087, 0.923, 1.2 -> 1.087 (not 240 / 230)
     assert report.head_to_head_table(rows).splitlines()[2].endswith("| 1.087x |")

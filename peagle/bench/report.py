@@ -203,13 +203,16 @@ def head_to_head_table(rows: list[dict]) -> str:
             continue
         cells = [b]
         for r in (best["peagle"], best["eagle3"]):
-            cells.append(f"{_setting(r)}: {r['otps']:,.1f} ({_fmt(r.get('acceptance_length'), 2)}; "
-                         f"{_fmt(r.get('draft_ms'), 1)} + {_fmt(r.get('verify_ms'), 1)} ms)")
+            vs_plain = r.get("speedup_vs_baseline")
+            cells.append(f"{_setting(r)}: {r['otps']:,.1f} ({f'{vs_plain:.2f}x' if vs_plain else '-'}; "
+                         f"{_fmt(r.get('acceptance_length'), 2)}; {_fmt(r.get('draft_ms'), 1)} + "
+                         f"{_fmt(r.get('verify_ms'), 1)} ms)")
         cells.append(f"{_paired_ratio(best['peagle'], best['eagle3']):.3f}x")
         body.append(cells)
     if not body:
         return ""
-    return _table(["Concurrency", "P-EAGLE's best arm: OTPS (acceptance; draft + verify)", "EAGLE-3's best arm",
+    # each arm's speed-up over plain sits beside the ratio: where both are below 1x, neither head pays here
+    return _table(["Concurrency", "P-EAGLE's best arm: OTPS (vs plain; acceptance; draft + verify)", "EAGLE-3's best arm",
                    "P-EAGLE / EAGLE-3 (paired)"], body)
 
 

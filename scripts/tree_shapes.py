@@ -7,9 +7,12 @@ acceptance length per prompt set:
 
 * as shipped: best-first by cumulative log q (``peagle.tree``);
 * no children off the chain: only the main chain's nodes get children, the rest are leaves;
-* off-chain children -1 nat: they compete with their cumulative log q lowered by 1.
+* off-chain children -1 nat: they compete with their cumulative log q lowered by 1;
+* with ``--mask-weights``: best-first with the mask slots' log q (depths 2+) multiplied by each weight
+  (the head's ``tree_mask_weight``; the shipped rule uses the head's own).
 
     python scripts/tree_shapes.py --num 8 --nodes 10 16
+    python scripts/tree_shapes.py --num 8 --nodes 10 16 --mask-weights 1 0.7 --only-mask-weights
 
 Verification costs the same at equal budgets, so acceptance alone ranks the shapes. (The variants
 replace ``peagle.tree._dynamic_row`` for the run; the library keeps the shipped rule.)
@@ -17,6 +20,7 @@ replace ``peagle.tree._dynamic_row`` for the run; the library keeps the shipped 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import heapq
 
 import torch
@@ -51,23 +55,32 @@ def main() -> None:
     p.add_argument("--nodes", type=int, nargs="+", default=[10, 16])
     p.add_argument("--draft-k", type=int, default=7)
     p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--mask-weights", type=float, nargs="*", default=[],
+                   help="also rank with the mask slots' log q times each weight (tree_mask_weight)")
+    p.add_argument("--only-mask-weights", action="store_true", help="skip the off-chain variants")
     args = p.parse_args()
     for name in ("num", "draft_k", "max_new_tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if min(args.nodes) < 1:
         p.error(f"--nodes must be >= 1 each, got {args.nodes}")
+    if any(not w > 0 for w in args.mask_weights):
+        p.error(f"--mask-weights must be > 0 each, got {args.mask_weights}")
     torch.set_num_threads(1)
     target = peagle.load_target(dtype=torch.float32)
     drafter = peagle.load_drafter("peagle")
     sets = {"humaneval": humaneval_prompts(args.num), "mtbench": mtbench_prompts(args.num)}
-    shipped = tree_module._dynamic_row
-    rules = {"as shipped": shipped, "no children off the chain": off_chain_rule(None),
-             "off-chain children -1 nat": off_chain_rule(-1.0)}
+    shipped, own = tree_module._dynamic_row, drafter.config
+    rules = {"as shipped": (shipped, own.tree_mask_weight)}  # (row builder, mask-slot weight)
+    if not args.only_mask_weights:
+        rules.update({"no children off the chain": (off_chain_rule(None), own.tree_mask_weight),
+                      "off-chain children -1 nat": (off_chain_rule(-1.0), own.tree_mask_weight)})
+    rules.update({f"mask slots' log q x {w:g}": (shipped, w) for w in args.mask_weights})
     try:
         for nodes in args.nodes:
-            for name, rule in rules.items():
+            for name, (rule, weight) in rules.items():
                 tree_module._dynamic_row = rule
+                drafter.config = dataclasses.replace(own, tree_mask_weight=weight)
                 cells = []
                 for label, texts in sets.items():
                     acc = [peagle.generate(target, drafter, [prompt], draft_k=args.draft_k,
@@ -77,7 +90,7 @@ def main() -> None:
                     cells.append(f"{label} {sum(acc) / len(acc):.3f}")
                 print(f"{nodes} nodes, {name}: " + ", ".join(cells), flush=True)
     finally:  # an interrupted run must not leave a variant in place for the caller
-        tree_module._dynamic_row = shipped
+        tree_module._dynamic_row, drafter.config = shipped, own
 
 
 if __name__ == "__main__":

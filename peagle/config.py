@@ -74,10 +74,6 @@ class DrafterConfig:
     mask_token_id: int | None = None  # P-EAGLE: embedding row standing in for undrafted tokens
     max_draft_k: int = 16  # deepest draft_k this head supports (trained depth for P-EAGLE)
     attention_window: int | None = None  # context a drafter query attends: its last N positions (None: all)
-    # P-EAGLE trees: log q at the mask slots (depths 2+) is multiplied by this when a dynamic tree ranks
-    # its nodes; below 1 where the head's mask-slot distributions are flatter than its accepted paths'
-    # (fitted per head with scripts/tree_ranking.py; drafts and their verification are unchanged)
-    tree_mask_weight: float = 1.0
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # passthrough config keys
 
     def __post_init__(self) -> None:
@@ -89,9 +85,6 @@ class DrafterConfig:
         w = self.attention_window
         if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
             raise ValueError(f"attention_window must be an integer >= 1 (or None for the whole context), got {w!r}")
-        m = self.tree_mask_weight
-        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < float("inf"):
-            raise ValueError(f"tree_mask_weight must be a finite number > 0 (1: rank by plain log q), got {m!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "

@@ -8,7 +8,9 @@ shipped score is the cumulative log q. Here the score is log q_1 + w * (log q_2 
 w < 1 trusts the mask positions' distributions more than their probabilities say. Each anchor of the
 data's answers gets the head's top-8 candidates per depth (one pass over the answer, fp32 target,
 online features, as ``peagle train evaluate``); a tree accepts as far as the target's own next tokens
-(the answer) stay on a kept path, which is what greedy decoding would accept with that tree.
+(the answer) stay on a kept path, which is what greedy decoding would accept with that tree at that
+anchor. Decoding visits only the anchors where its cycles start, so its mean can move otherwise:
+``scripts/tree_shapes.py --mask-weights`` measures a weight decoding.
 """
 from __future__ import annotations
 

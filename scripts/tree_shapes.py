@@ -9,18 +9,18 @@ acceptance length per prompt set:
 * no children off the chain: only the main chain's nodes get children, the rest are leaves;
 * off-chain children -1 nat: they compete with their cumulative log q lowered by 1;
 * with ``--mask-weights``: best-first with the mask slots' log q (depths 2+) multiplied by each weight
-  (the head's ``tree_mask_weight``; the shipped rule uses the head's own).
+  (``scripts/tree_ranking.py`` measures the same rule teacher-forced).
 
     python scripts/tree_shapes.py --num 8 --nodes 10 16
     python scripts/tree_shapes.py --num 8 --nodes 10 16 --mask-weights 1 0.7 --only-mask-weights
 
 Verification costs the same at equal budgets, so acceptance alone ranks the shapes. (The variants
-replace ``peagle.tree._dynamic_row`` for the run; the library keeps the shipped rule.)
+replace ``peagle.tree._dynamic_row`` or the drafter's ``depth_logprobs`` for the run; the library keeps
+the shipped rule.)
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import heapq
 
 import torch
@@ -49,6 +49,18 @@ def off_chain_rule(penalty: float | None):
     return row
 
 
+def weighted(depth_logprobs, weight: float):
+    """The drafter's per-depth log q with depths 2+ multiplied by ``weight`` (ranking only: a
+    positive factor keeps each depth's candidate order; tree siblings are verified as one-hot q)."""
+    if weight == 1.0:
+        return depth_logprobs
+
+    def scaled(step, depth):
+        logq = depth_logprobs(step, depth)
+        return torch.cat([logq[:, :1], logq[:, 1:] * weight], dim=1)
+    return scaled
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--num", type=int, default=8, help="prompts per set (HumanEval, MT-Bench)")
@@ -70,17 +82,17 @@ def main() -> None:
     target = peagle.load_target(dtype=torch.float32)
     drafter = peagle.load_drafter("peagle")
     sets = {"humaneval": humaneval_prompts(args.num), "mtbench": mtbench_prompts(args.num)}
-    shipped, own = tree_module._dynamic_row, drafter.config
-    rules = {"as shipped": (shipped, own.tree_mask_weight)}  # (row builder, mask-slot weight)
+    shipped, logprobs = tree_module._dynamic_row, drafter.depth_logprobs
+    rules = {"as shipped": (shipped, 1.0)}  # (row builder, weight of the mask slots' log q)
     if not args.only_mask_weights:
-        rules.update({"no children off the chain": (off_chain_rule(None), own.tree_mask_weight),
-                      "off-chain children -1 nat": (off_chain_rule(-1.0), own.tree_mask_weight)})
+        rules.update({"no children off the chain": (off_chain_rule(None), 1.0),
+                      "off-chain children -1 nat": (off_chain_rule(-1.0), 1.0)})
     rules.update({f"mask slots' log q x {w:g}": (shipped, w) for w in args.mask_weights})
     try:
         for nodes in args.nodes:
             for name, (rule, weight) in rules.items():
                 tree_module._dynamic_row = rule
-                drafter.config = dataclasses.replace(own, tree_mask_weight=weight)
+                drafter.depth_logprobs = weighted(logprobs, weight)
                 cells = []
                 for label, texts in sets.items():
                     acc = [peagle.generate(target, drafter, [prompt], draft_k=args.draft_k,
@@ -90,7 +102,8 @@ def main() -> None:
                     cells.append(f"{label} {sum(acc) / len(acc):.3f}")
                 print(f"{nodes} nodes, {name}: " + ", ".join(cells), flush=True)
     finally:  # an interrupted run must not leave a variant in place for the caller
-        tree_module._dynamic_row, drafter.config = shipped, own
+        tree_module._dynamic_row = shipped
+        drafter.depth_logprobs = logprobs
 
 
 if __name__ == "__main__":

@@ -62,8 +62,6 @@ def config_to_dict(cfg: DrafterConfig, kind, dtype: torch.dtype, compact: bool =
                    "compact_embedding": compact, "target": target_name, **cfg.extra}
     if cfg.attention_window is not None:  # peagle's own: engines attend over the whole context
         d["peagle"]["attention_window"] = cfg.attention_window
-    if cfg.tree_mask_weight != 1.0:  # peagle's own tree ranking; engines build their own trees
-        d["peagle"]["tree_mask_weight"] = cfg.tree_mask_weight
     return d
 
 
@@ -107,7 +105,6 @@ def config_from_dict(d: dict, target=None) -> DrafterConfig:
         mask_token_id=None if mask_id is None else int(mask_id),
         max_draft_k=int(own.get("max_draft_k", 16)),
         attention_window=None if own.get("attention_window") is None else int(own["attention_window"]),
-        tree_mask_weight=float(own.get("tree_mask_weight", 1.0)),
     )
     return cfg
 

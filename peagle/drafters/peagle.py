@@ -63,11 +63,7 @@ class PEagleDrafter(DraftHead):
     def draft_tree(self, step: DraftStep, depth: int, config: TreeConfig) -> DraftTree:
         """A tree from the single pass's per-depth distributions (peagle.tree.build_tree)."""
         root = step.tokens.gather(1, (step.num_new - 1)[:, None]).squeeze(1)
-        logq = self.depth_logprobs(step, depth)
-        w = self.config.tree_mask_weight
-        if w != 1.0:  # ranking only: a positive factor keeps each depth's candidate order and the tree's q
-            logq = torch.cat([logq[:, :1], logq[:, 1:] * w], dim=1)
-        return build_tree(logq, root, config)
+        return build_tree(self.depth_logprobs(step, depth), root, config)
 
     def depth_logprobs(self, step: DraftStep, depth: int) -> torch.Tensor:
         """Full-vocabulary log q for depths 1..depth from one pass, [B, depth, V] (for trees)."""

@@ -14,7 +14,7 @@ import json
 import os
 import random
 import shutil
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -48,8 +48,6 @@ def load_weights_from(head, path: str | Path, target, kind=None) -> None:
         raise ValueError(f"init_from: {path} does not match this run's head (layers, widths, vocabulary): {bad[:5]}")
     if hasattr(head, "set_attention_window"):  # a continued head keeps how it serves long contexts
         head.set_attention_window(src.attention_window)
-        # and how its trees rank mask slots, until scripts/tree_ranking.py refits it
-        head.config = replace(head.config, tree_mask_weight=src.config.tree_mask_weight)
     with torch.no_grad():
         for name, tensor in mine.items():
             tensor.copy_(theirs[name].to(tensor.dtype))

@@ -68,7 +68,7 @@ def main() -> None:
     p.add_argument("--draft-k", type=int, default=7)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--mask-weights", type=float, nargs="*", default=[],
-                   help="also rank with the mask slots' log q times each weight (tree_mask_weight)")
+                   help="also rank with the mask slots' log q (depths 2+) times each weight")
     p.add_argument("--only-mask-weights", action="store_true", help="skip the off-chain variants")
     args = p.parse_args()
     for name in ("num", "draft_k", "max_new_tokens"):

@@ -168,6 +168,11 @@ def cli_target(args):
     return load_target_by_name(args.target, args.target_dtype)
 
 
+def stride_options(anchor_stride: int) -> dict:
+    """``evaluate_head``'s eval_options for an anchor stride (none at 1, the stride every kind accepts)."""
+    return {"anchor_stride": anchor_stride} if anchor_stride != 1 else {}
+
+
 def load_eval_head(path, target, window: int | None = None):
     """The head at ``path`` bound to ``target``; ``window`` (the CLI's --attention-window) replaces its
     own attention window: None keeps the head's, 0 attends the whole context."""
@@ -185,7 +190,7 @@ def run_cli(args) -> int:
     results = []
     for path in args.head:
         head = load_eval_head(path, target, getattr(args, "attention_window", None))
-        options = {"anchor_stride": args.anchor_stride} if getattr(args, "anchor_stride", 1) != 1 else {}
+        options = stride_options(getattr(args, "anchor_stride", 1))
         res = evaluate_head(head, target, args.data, args.shards, args.draft_k, args.max_len,
                             max_sequences=args.max_sequences, head_name=str(path), eval_options=options,
                             features=args.features)

@@ -26,7 +26,7 @@ from ...evalsets import humaneval_prompts, mtbench_prompts
 from ..data.regeneration import GenerationSettings, regenerate
 from ..data.shards import shard_metadata
 from ..data.sources import SOURCES
-from .evaluate import cli_target, evaluate_head, load_eval_head
+from .evaluate import cli_target, evaluate_head, load_eval_head, stride_options
 
 SUITE_ROOT = "data/suite"
 
@@ -145,7 +145,7 @@ def evaluate_suite(head_paths, target, root: Path | None = None, names=None, dra
             head = load_eval_head(path, target, attention_window)  # fresh per set: evaluate_head casts it to float
             res = evaluate_head(head, target, resolve(s.data, root), s.shards, draft_k, s.max_len,
                                 max_sequences=max_sequences, show_progress=show_progress, head_name=str(path),
-                                features="online", eval_options={"anchor_stride": anchor_stride} if anchor_stride != 1 else {})
+                                features="online", eval_options=stride_options(anchor_stride))
             results[str(path)][s.name] = asdict(res)
             if on_result is not None:
                 on_result(results)

@@ -124,7 +124,7 @@ def prefill(target: Target, drafter, prompt_ids: list[list[int]], params: Sampli
     padded = torch.zeros(B, T, dtype=torch.long, device=device)
     for b, p in enumerate(prompt_ids):
         padded[b, : len(p)] = torch.tensor(p, device=device)
-    state = target.new_state(B)
+    state = target.new_state(B, length=T + extra)
     keep = T - min(len(p) for p in prompt_ids) + 1
     step = state.extend(padded, logits_to_keep=keep)
     state.commit(lens)

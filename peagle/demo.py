@@ -26,11 +26,18 @@ from .stats import per_cycle_ms
 WARMUP_TOKENS = 24
 
 
+def _compile_help() -> str:
+    from peagle.bench.models import COMPILE_HELP
+
+    return COMPILE_HELP
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=40, help="tokens per prompt (default 40)")
     p.add_argument("--per-dataset", dest="per_dataset", type=int, default=2, help="prompts from HumanEval and from MT-Bench (default 2 each)")
     p.add_argument("--draft-k", dest="draft_k", help="one fixed draft_k for every drafting arm instead of its best one (>= 1)")
     p.add_argument("--model", default="embedded", help="embedded (default) or tiny (a random model, for tests)")
+    p.add_argument("--compile", action="store_true", help=_compile_help())
     p.add_argument("--dtype", default="auto", help="auto (default: the faster here, peagle.machine), float32 or bfloat16")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default 0: peagle.machine.default_threads, "
                                                            "1 on a 2-core machine)")
@@ -228,7 +235,9 @@ def run(args: argparse.Namespace) -> int:
         dtype = torch.float32  # a random 2-layer model: nothing to measure
     print(f"loading the {args.model} target (dtype {args.dtype}; the first auto run measures this CPU, ~20 s) ...",
           file=sys.stderr)
-    target = load_bench_target(args.model, dtype)
+    t_compile = time.perf_counter()
+    target = load_bench_target(args.model, dtype, compile=args.compile)
+    compiled = f"; target compiled at widths {target.static.widths} in {time.perf_counter() - t_compile:.0f} s" if args.compile else ""
     threads, threads_why = apply_threads(args.threads or "auto")  # load_target applied its own default
     dtype_reason = getattr(target, "dtype_reason", None) or f"{str(target.dtype).replace('torch.', '')}: requested"
     drafters, sources = _drafters(target, args.model)
@@ -250,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
              f"MT-Bench, chat template), greedy, {args.max_new_tokens} new tokens max",
              f"CPU: {facts['cpu']}, {facts['cores']} cores, {isa_label(facts['flags'])}"
              + (f"; GPU: {torch.cuda.get_device_name(0)}" if target.device.type == "cuda" else ""),
-             f"dtype {dtype_reason}", f"threads {threads}: {threads_why}"]
+             f"dtype {dtype_reason}{compiled}", f"threads {threads}: {threads_why}"]
     lines += [f"{ARMS[kind].label} head: {src}" for kind, src in sources.items()]
     lines += _table(specs, results, check_target, check, prompts)
     lines += _versus(specs, results)
@@ -258,7 +267,8 @@ def run(args: argparse.Namespace) -> int:
     verify = ""
     if costs is not None and costs.costs:
         c = {int(n): ms for n, ms in costs.costs[str(target.dtype).replace("torch.", "")].items()}
-        verify = f" Measured here: verifying 4 tokens costs {c[4] / c[1]:.2f}x a step, 8 tokens {c[8] / c[1]:.2f}x."
+        verify = (f" Measured here{' (eager, before compiling)' if args.compile else ''}: verifying 4 tokens costs "
+                  f"{c[4] / c[1]:.2f}x a step, 8 tokens {c[8] / c[1]:.2f}x.")
     lines += ["", f"Break-even rule: a plain step took {step_ms:.1f} ms; a drafting arm gains only when its acceptance "
                   f"length exceeds (draft + verify ms) / {step_ms:.1f} ms (the break-even column).{verify} draft_k=\"auto\" "
                   "measures these costs as it runs and decodes plainly where no draft pays; it keeps what it "

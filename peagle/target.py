@@ -89,6 +89,7 @@ class Target:
         self._captured: dict[int, torch.Tensor] | None = None
         self._cache_kw = cache_keyword(model)
         self._hooks = []
+        self.static = None  # peagle.compile_target: compiled one-row passes over a static cache
         self.set_aux_layer_ids(ids)
 
     # -- construction -----------------------------------------------------------------
@@ -180,10 +181,12 @@ class Target:
         attention_mask: torch.Tensor | None = None,
         logits_to_keep: int = 0,
         attention_4d: torch.Tensor | None = None,
+        cache_position: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One target pass.
 
         input_ids, position_ids: [B, T]; attention_mask: [B, past + T] (1 = visible) or None;
+        cache_position [T]: the cache slots written (a static cache; None: after the last);
         returns logits [B, T', V] (T' = logits_to_keep or T) and aux [B, T, len(aux)*H].
         """
         self._captured = {}
@@ -195,14 +198,19 @@ class Target:
                 use_cache=True,
                 **{self._cache_kw: cache},
                 logits_to_keep=logits_to_keep,
+                **({} if cache_position is None else {"cache_position": cache_position}),
             )
             aux = torch.cat([self._captured[i] for i in self.aux_layer_ids], dim=-1)
         finally:
             self._captured = None
         return out.logits, aux
 
-    def new_state(self, batch_size: int) -> "TargetState":
-        return TargetState(self, batch_size)
+    def new_state(self, batch_size: int, length: int | None = None) -> "TargetState":
+        """The KV cache state of one generate() call: ``batch_size`` rows of at most ``length``
+        tokens (prompt and generated). After ``peagle.compile_target`` a row that fits gets the
+        compiled static-cache state."""
+        static = self.static.new_state(batch_size, length) if self.static is not None else None
+        return static if static is not None else TargetState(self, batch_size)
 
 
 def _new_cache(target: Target):

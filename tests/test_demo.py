@@ -75,3 +75,14 @@ def test_every_drafting_arm_has_an_auto_spec_and_optional_arms_skip_silently():
     assert labels[0] == "plain" and "DFlash auto" not in labels
     assert {"EAGLE-3 auto", "EAGLE-3 K=3", "P-EAGLE auto", "n-gram auto"} <= set(labels)
     assert "DFlash auto" in [s.label for s in demo._specs({"dflash": object()}, None)]
+
+
+def test_demo_compile_runs_the_arms_over_the_compiled_target_and_stays_identical(capsys, monkeypatch):
+    import peagle
+
+    real = peagle.compile_target  # dynamo's "eager" backend: the same capture, none of inductor's minutes
+    monkeypatch.setattr(peagle, "compile_target", lambda target, **kw: real(target, **{**kw, "backend": "eager"}))
+    out = _run_demo(capsys, "--compile")
+    assert "target compiled at widths (1, 2, 4, 8, 16, 32)" in out
+    rows = _rows(out)
+    assert len(rows) > 5 and all(r[-1] == "yes |" for r in rows[1:])

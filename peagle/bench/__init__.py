@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .arms import ARMS, AUTO_RULES, DEFAULT_ARMS, DRAFTERS, ArmRunner
 from .journal import Journal
+from .models import COMPILE_HELP
 from .sweep import SweepConfig, chunks, count_runs, run_group
 
 #: (full default, --quick default) for every option --quick changes
@@ -38,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="embedded (SmolLM2-135M-Instruct), tiny (random, for tests) or an HF model dir")
     p.add_argument("--dtype", help="auto | bfloat16 | float32 | float16 (default auto: the faster here, "
                                    "peagle.machine; --quick float32)")
+    p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                    help=f"comma list from {','.join(ARMS)} (default: all but dflash and the llama.cpp arms)")
     p.add_argument("--gguf", help="GGUF file for the llama.cpp arms (default: the embedded model's)")
@@ -162,7 +164,7 @@ def _run(args: argparse.Namespace, checked: dict) -> int:
 
         dtype = torch.float32  # a random 2-layer model: nothing to measure
     print(f"loading the {args.model} target (dtype {args.dtype}) ...", file=sys.stderr)
-    target = load_bench_target(args.model, dtype)
+    target = load_bench_target(args.model, dtype, compile=args.compile)
     threads, threads_why = apply_threads(args.threads or "auto")  # load_target applied its own default
     drafters, heads = _load_drafters(args, target, arms)
     llamacpp = _llamacpp_runner(args, target, threads) if any(ARMS[a].runs == "llamacpp" for a in arms) else None
@@ -180,7 +182,9 @@ def _run(args: argparse.Namespace, checked: dict) -> int:
                 "arms": list(arms), "draft_k": list(cfg.draft_ks), "batch_sizes": list(cfg.batch_sizes),
                 "temperatures": list(cfg.temperatures), "datasets": list(prompts), "num_prompts": args.num_prompts,
                 "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "warmup": cfg.warmup, "seed": cfg.seed,
-                "tree_nodes": list(cfg.tree_nodes), "auto_rules": list(cfg.auto_rules)}}
+                "tree_nodes": list(cfg.tree_nodes), "auto_rules": list(cfg.auto_rules), "compile": args.compile}}
+    if args.compile:
+        meta["dtype_reason"] += f"; target compiled at widths {target.static.widths} (--compile)"
     for kind, source in heads.items():
         if not source.startswith("trained") and (kind not in DRAFTERS or DRAFTERS[kind].weights):
             print(f"warning: {kind}: {source}", file=sys.stderr)

@@ -28,11 +28,20 @@ def tiny_target(seed: int = 0, dtype: torch.dtype = torch.float32) -> peagle.Tar
     return byte_target(seed, dtype)
 
 
-def load_bench_target(model: str = "embedded", dtype: torch.dtype | str = torch.bfloat16) -> peagle.Target:
-    """"tiny" (:func:`tiny_target`), else any name :func:`peagle.embedded.load_target_by_name` takes."""
-    if model == "tiny":
-        return tiny_target(dtype=dtype)
-    return load_target_by_name(model, dtype)
+def load_bench_target(model: str = "embedded", dtype: torch.dtype | str = torch.bfloat16,
+                      compile: bool = False) -> peagle.Target:
+    """"tiny" (:func:`tiny_target`), else any name :func:`peagle.embedded.load_target_by_name` takes.
+    compile: ``peagle.compile_target`` (max-autotune) at every decode width, compiled before returning."""
+    target = tiny_target(dtype=dtype) if model == "tiny" else load_target_by_name(model, dtype)
+    if compile:
+        from peagle.static_target import DECODE_WIDTHS
+
+        peagle.compile_target(target, widths=DECODE_WIDTHS, autotune=True, warm=True)
+    return target
+
+
+COMPILE_HELP = ("compile the target's one-row decoding passes (peagle.compile_target: a static cache, inductor "
+                "max-autotune at widths 1-32, about a minute of compiling a width on a CPU, cached on disk after)")
 
 
 @dataclass

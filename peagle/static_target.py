@@ -1,0 +1,240 @@
+"""A target whose decode-shaped passes run compiled over a static KV cache.
+
+Why: on a CPU without native bf16 (AVX2 only) the embedded target's eager forward over 4 new tokens
+costs ~1.7-1.9x a one-token step, so verifying drafts costs almost what accepting them saves. Compiled
+by inductor with the weights frozen as constants, a step costs ~0.6-0.7x eager and 2-4 tokens ~1.2x a
+compiled step (docs/results.md, "What a forward costs"). A compiled graph needs fixed shapes, so:
+
+* the KV cache is a ``StaticCache`` of ``max_len`` slots, allocated once per target and reused;
+* a pass over T tokens runs the graph of the smallest *width* >= T (T padded; the padding's slots
+  are written, then masked and overwritten like rejected drafts); wider passes (the prompt) run
+  eagerly over the same cache;
+* every pass takes one 4-D mask [1, 1, width, max_len]: the accepted slots, then this pass's slots
+  causally (a chain) or along the draft tree's ancestors.
+
+One row at a time: a batch of more rows, or a call that may not fit ``max_len``, gets the eager
+``TargetState`` as before. ``generate()`` is unchanged: it asks ``target.new_state`` for a state.
+
+    target = peagle.load_target(dtype=torch.float32)
+    peagle.compile_target(target, widths=(1, 4))   # compiles each width on its first pass (a minute or more each)
+    peagle.generate(target, drafter, prompt, draft_k=3)
+
+Compiled and eager kernels sum in different orders, so compiled logits differ from eager ones in the
+last bits; a speculative run and a plain run of the same compiled target also score through
+different widths. ``tests/test_static_target.py`` measures where outputs agree.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .target import Target, TargetStep
+
+#: The widths a decode loop passes: a plain step, chains up to draft_k 15, trees up to 32 nodes.
+DECODE_WIDTHS = (1, 2, 4, 8, 16, 32)
+
+#: Slots past the longest sequence a static state accepts: the widest pass that follows a full row.
+_HEADROOM = 64
+
+
+class StaticPasses:
+    """The compiled passes and the cache they share; see the module docstring.
+
+    ``counts``: passes run ``compiled`` (per width), ``eager`` (wider than every width).
+    """
+
+    def __init__(self, target: Target, max_len: int, widths: Sequence[int], autotune: bool, backend: str):
+        self.target, self.max_len = target, max_len
+        self.widths = tuple(sorted(set(widths)))
+        self.capacity = max_len + max(_HEADROOM, self.widths[-1])
+        self.counts: dict[str, int] = {"eager": 0}
+        self._cache = None
+        options = None
+        if backend == "inductor":
+            options = {"freezing": True}  # weights become constants: inductor packs them once
+            if autotune:
+                options.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
+        self._compiled = torch.compile(self._forward, dynamic=False, backend=backend, options=options)
+
+    def cache(self):
+        if self._cache is None:
+            from transformers import StaticCache
+
+            self._cache = StaticCache(config=self.target.config, max_cache_len=self.capacity)
+        return self._cache
+
+    def new_state(self, batch_size: int, length: int | None) -> "StaticTargetState | None":
+        """A state over the static cache for one row of at most ``max_len`` tokens, else None."""
+        if batch_size == 1 and length is not None and length <= self.max_len:
+            return StaticTargetState(self)
+        return None
+
+    def width(self, T: int) -> int:
+        """The width a pass of T tokens runs at: the smallest compiled width >= T, else T (eager)."""
+        return next((w for w in self.widths if w >= T), T)
+
+    def _forward(self, ids, position_ids, mask, start):
+        return self.target.forward(ids, position_ids, self._cache, attention_4d=mask,
+                                   cache_position=start + torch.arange(ids.shape[1], device=ids.device))
+
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, start: torch.Tensor,
+            logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass of ids, positions [1, T] written at slots start..start+T-1 (start: a [1] tensor);
+        visible [T, T]: which of this pass's tokens each one sees. Returns logits, aux for the T tokens."""
+        cache, T = self.cache(), ids.shape[1]
+        padded = self.width(T)
+        width = padded if padded in self.widths else None
+        mask = self._mask(visible, start, padded)
+        _point_writes_at(cache, start)
+        if width is None:
+            self.counts["eager"] += 1
+            return self.target.forward(ids, positions, cache, attention_4d=mask, logits_to_keep=logits_to_keep,
+                                       cache_position=start + torch.arange(T, device=ids.device))
+        self.counts[width] = self.counts.get(width, 0) + 1
+        if padded > T:
+            ids = torch.cat([ids, ids.new_zeros(1, padded - T)], dim=1)
+            positions = torch.cat([positions, positions[:, -1:].expand(1, padded - T)], dim=1)
+        logits, aux = self._compiled(ids, positions, mask, start)
+        return logits[:, T - (logits_to_keep or T) : T], aux[:, :T]
+
+    def warm(self, progress: bool = True) -> None:
+        """Compile every width now (a dummy pass each, written past any row's slots), so that no
+        timed call pays for compiling."""
+        from tqdm.auto import tqdm
+
+        device = self.target.device
+        start = torch.full((1,), self.capacity - self.widths[-1], dtype=torch.long, device=device)
+        for w in tqdm(self.widths, desc="compiling the target's pass widths", unit="width", disable=not progress):
+            ids = torch.zeros(1, w, dtype=torch.long, device=device)
+            causal = torch.ones(w, w, dtype=torch.bool, device=device).tril()
+            with torch.no_grad():
+                self.run(ids, start + torch.arange(w, device=device)[None], causal, start)
+            self.counts[w] -= 1  # not a decoding pass
+
+    def _mask(self, visible: torch.Tensor, start: torch.Tensor, padded: int) -> torch.Tensor:
+        """[1, 1, padded, capacity] additive: slots before start, then ``visible`` among this pass's
+        slots; padding rows see the slots before start and themselves."""
+        T, device = visible.shape[0], visible.device
+        slots = torch.arange(self.capacity, device=device)
+        keep = (slots < start).expand(padded, self.capacity).clone()
+        block = torch.eye(padded, dtype=torch.bool, device=device)
+        block[:T, :T] = visible
+        keep[:, int(start)  : int(start) + padded] = block
+        mask = torch.zeros(1, 1, padded, self.capacity, dtype=self.target.dtype, device=device)
+        return mask.masked_fill_(~keep, torch.finfo(mask.dtype).min)
+
+
+def _point_writes_at(cache, start: torch.Tensor) -> None:
+    """transformers >= 5.2x writes a static layer's new slots at its ``cumulative_length`` counter
+    (older versions at ``cache_position``, which every pass also passes): set it to ``start``."""
+    for layer in getattr(cache, "layers", ()):
+        counter = getattr(layer, "cumulative_length", None)
+        if isinstance(counter, torch.Tensor):
+            counter.copy_(start.reshape(counter.shape).to(counter.dtype))
+
+
+class StaticTargetState:
+    """``TargetState``'s interface for one row over ``StaticPasses``' cache. A row never has holes:
+    slots past ``next_pos`` (rejected drafts, padding) are masked and overwritten by the next pass."""
+
+    has_holes = False
+
+    def __init__(self, passes: StaticPasses):
+        self.passes = passes
+        self.next_pos = torch.zeros(1, dtype=torch.long, device=passes.target.device)  # [1]
+        self._pending = 0
+
+    @property
+    def cache(self):
+        return self.passes.cache()
+
+    def _check_room(self, T: int) -> None:
+        if int(self.next_pos) + T > self.passes.capacity:
+            raise ValueError(f"a pass of {T} tokens after {int(self.next_pos)} does not fit the static cache's "
+                             f"{self.passes.capacity} slots (compile_target's max_len {self.passes.max_len})")
+
+    def extend(self, tokens: torch.Tensor, logits_to_keep: int = 0) -> TargetStep:
+        """Run the target over tokens [1, T] placed at the row's next positions."""
+        T = tokens.shape[1]
+        self._check_room(self.passes.width(T))
+        positions = self.next_pos[:, None] + torch.arange(T, device=tokens.device)
+        causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
+        logits, aux = self.passes.run(tokens, positions, causal, self.next_pos, logits_to_keep)
+        self._pending = T
+        return TargetStep(logits, aux, positions)
+
+    def extend_tree(self, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> TargetStep:
+        """Run the target over a draft tree: tokens, depths [1, N]; ancestors [1, N, N] bool."""
+        N = tokens.shape[1]
+        self._check_room(self.passes.width(N))
+        positions = self.next_pos[:, None] + depths
+        logits, aux = self.passes.run(tokens, positions, ancestors[0], self.next_pos)
+        self._pending = N
+        return TargetStep(logits, aux, positions)
+
+    def keep_path(self, path: torch.Tensor) -> None:
+        """After extend_tree: move the slots of path [1, P] (node indices, -1 padded) to the front
+        of the tree's slots, so that commit(path length) keeps exactly them."""
+        N, start = self._pending, int(self.next_pos)
+        order = torch.arange(N, device=path.device)
+        P = path.shape[1]
+        order[:P] = torch.where(path[0] >= 0, path[0], order[:P])
+        for layer in self.cache.layers:
+            for t in (layer.keys, layer.values):
+                t[:, :, start : start + N] = t[:, :, start + order]
+
+    def commit(self, num_keep: torch.Tensor) -> None:
+        """Keep the first num_keep[0] of the last extend's slots."""
+        self._pending = 0
+        self.next_pos += num_keep.to(self.next_pos.device)
+
+    def select(self, index: torch.Tensor) -> None:
+        if index.numel() != 1 or int(index[0]) != 0:
+            raise ValueError(f"a static target state holds one row, got index {index.tolist()}")
+
+
+def _sliding_layers(config) -> str:
+    """'' for a model whose every layer attends to all past slots, else a description of the others."""
+    types = getattr(config, "layer_types", None)
+    if types:
+        other = sorted({t for t in types if t != "full_attention"})
+        return ", ".join(other)
+    window = getattr(config, "sliding_window", None)
+    return f"sliding_window {window}" if window and getattr(config, "use_sliding_window", True) else ""
+
+
+def compile_target(target: Target, max_len: int = 2048, widths: Sequence[int] = (1, 2, 4, 8, 16), *,
+                   autotune: bool = False, backend: str = "inductor", warm: bool = False) -> Target:
+    """Make ``target``'s one-row decoding passes run compiled over a static cache (in place; returns it).
+
+    Args:
+        max_len: the longest prompt + max_new_tokens a call may have to use the compiled passes;
+            longer calls, and batches of several rows, decode eagerly as before.
+        widths: the pass widths compiled (a pass of T tokens runs the smallest width >= T): 1 for
+            plain decoding, draft_k + 1 for a chain, the node count for a tree. Each compiles on
+            its first use (a minute or more on a CPU; ``autotune`` several).
+        autotune: inductor's max-autotune (times GEMM kernels per shape; slower to compile).
+        backend: a ``torch.compile`` backend ("eager" compiles nothing: the tests' fast path).
+        warm: compile every width now (with a progress bar) instead of on first use.
+
+    ``target.static = None`` undoes it. Changing the weights afterwards needs a new call (they are
+    frozen into the compiled graphs).
+    """
+    if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
+        raise ValueError(f"max_len must be an integer >= 1, got {max_len!r}")
+    if not widths or any(not isinstance(w, int) or isinstance(w, bool) or not 1 <= w <= 256 for w in widths):
+        raise ValueError(f"widths must be a non-empty sequence of integers in [1, 256], got {widths!r}")
+    sliding = _sliding_layers(target.text_config)
+    if sliding:
+        raise ValueError(f"target: compile_target supports full-attention layers only; this model has sliding-window "
+                         f"layers ({sliding}), whose static cache rolls")
+    import torch._dynamo.config as dynamo
+
+    # Each width (and each compiled target) is one more graph of the same method; past the limit
+    # dynamo would quietly run it eagerly.
+    dynamo.recompile_limit = max(dynamo.recompile_limit, 64)
+    target.static = StaticPasses(target, max_len, widths, autotune, backend)
+    if warm:
+        target.static.warm()
+    return target

@@ -220,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from peagle.bench.arms import ARMS
-    from peagle.bench.models import RANDOM_HEAD_WARNING, load_bench_target
+    from peagle.bench.models import RANDOM_HEAD_WARNING, load_bench_target, warm_for
     from peagle.evalsets import humaneval_prompts, mtbench_prompts
     from peagle.machine import apply_threads, cached_choice, cpu_facts, isa_label, parse_dtype
     from peagle.prompts import encode_prompts
@@ -235,15 +235,18 @@ def run(args: argparse.Namespace) -> int:
         dtype = torch.float32  # a random 2-layer model: nothing to measure
     print(f"loading the {args.model} target (dtype {args.dtype}; the first auto run measures this CPU, ~20 s) ...",
           file=sys.stderr)
-    t_compile = time.perf_counter()
     target = load_bench_target(args.model, dtype, compile=args.compile)
-    compiled = f"; target compiled at widths {target.static.widths} in {time.perf_counter() - t_compile:.0f} s" if args.compile else ""
     threads, threads_why = apply_threads(args.threads or "auto")  # load_target applied its own default
     dtype_reason = getattr(target, "dtype_reason", None) or f"{str(target.dtype).replace('torch.', '')}: requested"
     drafters, sources = _drafters(target, args.model)
     specs = _specs(drafters, int(args.draft_k) if args.draft_k else None)
     texts = humaneval_prompts(args.per_dataset) + mtbench_prompts(args.per_dataset)
     prompts = encode_prompts(target, texts, chat=True)
+    t_compile, compiled = time.perf_counter(), ""
+    if args.compile:
+        warm_for(target, prompts, args.max_new_tokens)
+        compiled = (f"; target compiled at widths {target.static.widths} over {target.static.capacities[0]} cache "
+                    f"slots in {time.perf_counter() - t_compile:.0f} s")
     exact = target.dtype == torch.float32
     with tqdm(total=len(specs) * (len(prompts) + 1) * (1 if exact else 2), desc="demo", unit="run", file=sys.stderr) as bar:
         results = _run_arms(target, drafters, specs, prompts, args.max_new_tokens, bar)

@@ -5,18 +5,20 @@ costs ~1.7-1.9x a one-token step, so verifying drafts costs almost what acceptin
 by inductor with the weights frozen as constants, a step costs ~0.6-0.7x eager and 2-4 tokens ~1.2x a
 compiled step (docs/results.md, "What a forward costs"). A compiled graph needs fixed shapes, so:
 
-* the KV cache is a ``StaticCache`` of ``max_len`` slots, allocated once per target and reused;
+* the KV cache is a ``StaticCache`` whose *capacity* is 256 x 2^i slots, enough for the call's
+  prompt + max_new_tokens + draft_k + 1 (a capacity already in use is reused where it fits: each
+  capacity is one more graph per width, and every pass attends to all of its slots);
 * a pass over T tokens runs the graph of the smallest *width* >= T (T padded; the padding's slots
   are written, then masked and overwritten like rejected drafts); wider passes (the prompt) run
   eagerly over the same cache;
-* every pass takes one 4-D mask [1, 1, width, max_len]: the accepted slots, then this pass's slots
+* every pass takes one 4-D mask [1, 1, width, capacity]: the accepted slots, then this pass's slots
   causally (a chain) or along the draft tree's ancestors.
 
-One row at a time: a batch of more rows, or a call that may not fit ``max_len``, gets the eager
+One row at a time: a batch of more rows, or a call longer than ``max_len``, gets the eager
 ``TargetState`` as before. ``generate()`` is unchanged: it asks ``target.new_state`` for a state.
 
     target = peagle.load_target(dtype=torch.float32)
-    peagle.compile_target(target, widths=(1, 4))   # compiles each width on its first pass (a minute or more each)
+    peagle.compile_target(target, widths=(1, 4), autotune=True, warm=512)  # ~1 min a width on a CPU
     peagle.generate(target, drafter, prompt, draft_k=3)
 
 Compiled and eager kernels sum in different orders, so compiled logits differ from eager ones in the
@@ -37,19 +39,24 @@ DECODE_WIDTHS = (1, 2, 4, 8, 16, 32)
 #: Slots past the longest sequence a static state accepts: the widest pass that follows a full row.
 _HEADROOM = 64
 
+#: Cache capacities are this times a power of two: every pass attends to all of a cache's slots
+#: (on an AVX2 EPYC a 4-token pass over 2,112 slots cost 1.6x one over 320), and each capacity is
+#: one more graph per width, so a few sizes serve every length.
+_CAPACITY_STEP = 256
+
 
 class StaticPasses:
-    """The compiled passes and the cache they share; see the module docstring.
+    """The compiled passes and their caches (one per capacity); see the module docstring.
 
-    ``counts``: passes run ``compiled`` (per width), ``eager`` (wider than every width).
+    ``counts``: passes run per compiled width, and ``eager`` (wider than every width).
     """
 
     def __init__(self, target: Target, max_len: int, widths: Sequence[int], autotune: bool, backend: str):
         self.target, self.max_len = target, max_len
         self.widths = tuple(sorted(set(widths)))
-        self.capacity = max_len + max(_HEADROOM, self.widths[-1])
-        self.counts: dict[str, int] = {"eager": 0}
-        self._cache = None
+        self.headroom = max(_HEADROOM, self.widths[-1])
+        self.counts: dict[str | int, int] = {"eager": 0}
+        self._caches: dict[int, object] = {}  # capacity -> StaticCache
         options = None
         if backend == "inductor":
             options = {"freezing": True}  # weights become constants: inductor packs them once
@@ -57,71 +64,90 @@ class StaticPasses:
                 options.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
         self._compiled = torch.compile(self._forward, dynamic=False, backend=backend, options=options)
 
-    def cache(self):
-        if self._cache is None:
+    @property
+    def capacities(self) -> list[int]:
+        """The cache capacities in use (each has its own compiled graph per width)."""
+        return sorted(self._caches)
+
+    def capacity_for(self, length: int) -> int:
+        """Slots for a row of ``length`` tokens: the smallest capacity in use that holds it and the
+        headroom, else the smallest 256 x 2^i that does (a new graph per width on first use)."""
+        need = length + self.headroom
+        held = [c for c in self.capacities if c >= need]
+        if held:
+            return held[0]
+        capacity = _CAPACITY_STEP
+        while capacity < need:
+            capacity *= 2
+        return capacity
+
+    def cache(self, capacity: int):
+        if capacity not in self._caches:
             from transformers import StaticCache
 
-            self._cache = StaticCache(config=self.target.config, max_cache_len=self.capacity)
-        return self._cache
+            self._caches[capacity] = StaticCache(config=self.target.config, max_cache_len=capacity)
+        return self._caches[capacity]
 
     def new_state(self, batch_size: int, length: int | None) -> "StaticTargetState | None":
-        """A state over the static cache for one row of at most ``max_len`` tokens, else None."""
+        """A state over a static cache for one row of at most ``max_len`` tokens, else None."""
         if batch_size == 1 and length is not None and length <= self.max_len:
-            return StaticTargetState(self)
+            return StaticTargetState(self, self.capacity_for(length))
         return None
 
     def width(self, T: int) -> int:
         """The width a pass of T tokens runs at: the smallest compiled width >= T, else T (eager)."""
         return next((w for w in self.widths if w >= T), T)
 
-    def _forward(self, ids, position_ids, mask, start):
-        return self.target.forward(ids, position_ids, self._cache, attention_4d=mask,
+    def _forward(self, ids, position_ids, mask, start, cache):
+        return self.target.forward(ids, position_ids, cache, attention_4d=mask,
                                    cache_position=start + torch.arange(ids.shape[1], device=ids.device))
 
-    def run(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, start: torch.Tensor,
-            logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pass of ids, positions [1, T] written at slots start..start+T-1 (start: a [1] tensor);
-        visible [T, T]: which of this pass's tokens each one sees. Returns logits, aux for the T tokens."""
-        cache, T = self.cache(), ids.shape[1]
+    def run(self, capacity: int, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
+            start: torch.Tensor, logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass of ids, positions [1, T] written at slots start..start+T-1 (start: a [1] tensor)
+        of the cache of ``capacity`` slots; visible [T, T]: which of this pass's tokens each one
+        sees. Returns logits [1, logits_to_keep or T, V] and aux [1, T, A]."""
+        cache, T = self.cache(capacity), ids.shape[1]
         padded = self.width(T)
-        width = padded if padded in self.widths else None
-        mask = self._mask(visible, start, padded)
+        mask = self._mask(visible, start, padded, capacity)
         _point_writes_at(cache, start)
-        if width is None:
+        if padded not in self.widths:
             self.counts["eager"] += 1
             return self.target.forward(ids, positions, cache, attention_4d=mask, logits_to_keep=logits_to_keep,
                                        cache_position=start + torch.arange(T, device=ids.device))
-        self.counts[width] = self.counts.get(width, 0) + 1
+        self.counts[padded] = self.counts.get(padded, 0) + 1
         if padded > T:
             ids = torch.cat([ids, ids.new_zeros(1, padded - T)], dim=1)
             positions = torch.cat([positions, positions[:, -1:].expand(1, padded - T)], dim=1)
-        logits, aux = self._compiled(ids, positions, mask, start)
+        logits, aux = self._compiled(ids, positions, mask, start, cache)
         return logits[:, T - (logits_to_keep or T) : T], aux[:, :T]
 
-    def warm(self, progress: bool = True) -> None:
-        """Compile every width now (a dummy pass each, written past any row's slots), so that no
-        timed call pays for compiling."""
+    def warm(self, length: int, progress: bool = True) -> int:
+        """Compile every width now for rows of up to ``length`` tokens (a dummy pass each, written
+        past any row's slots), so that no timed call pays for compiling. Returns the capacity."""
         from tqdm.auto import tqdm
 
-        device = self.target.device
-        start = torch.full((1,), self.capacity - self.widths[-1], dtype=torch.long, device=device)
-        for w in tqdm(self.widths, desc="compiling the target's pass widths", unit="width", disable=not progress):
+        device, capacity = self.target.device, self.capacity_for(length)
+        start = torch.full((1,), capacity - self.widths[-1], dtype=torch.long, device=device)
+        for w in tqdm(self.widths, desc=f"compiling the target's pass widths ({capacity} slots)", unit="width",
+                      disable=not progress):
             ids = torch.zeros(1, w, dtype=torch.long, device=device)
             causal = torch.ones(w, w, dtype=torch.bool, device=device).tril()
             with torch.no_grad():
-                self.run(ids, start + torch.arange(w, device=device)[None], causal, start)
+                self.run(capacity, ids, start + torch.arange(w, device=device)[None], causal, start)
             self.counts[w] -= 1  # not a decoding pass
+        return capacity
 
-    def _mask(self, visible: torch.Tensor, start: torch.Tensor, padded: int) -> torch.Tensor:
+    def _mask(self, visible: torch.Tensor, start: torch.Tensor, padded: int, capacity: int) -> torch.Tensor:
         """[1, 1, padded, capacity] additive: slots before start, then ``visible`` among this pass's
         slots; padding rows see the slots before start and themselves."""
         T, device = visible.shape[0], visible.device
-        slots = torch.arange(self.capacity, device=device)
-        keep = (slots < start).expand(padded, self.capacity).clone()
+        slots = torch.arange(capacity, device=device)
+        keep = (slots < start).expand(padded, capacity).clone()
         block = torch.eye(padded, dtype=torch.bool, device=device)
         block[:T, :T] = visible
-        keep[:, int(start)  : int(start) + padded] = block
-        mask = torch.zeros(1, 1, padded, self.capacity, dtype=self.target.dtype, device=device)
+        keep[:, int(start) : int(start) + padded] = block
+        mask = torch.zeros(1, 1, padded, capacity, dtype=self.target.dtype, device=device)
         return mask.masked_fill_(~keep, torch.finfo(mask.dtype).min)
 
 
@@ -140,19 +166,19 @@ class StaticTargetState:
 
     has_holes = False
 
-    def __init__(self, passes: StaticPasses):
-        self.passes = passes
+    def __init__(self, passes: StaticPasses, capacity: int):
+        self.passes, self.capacity = passes, capacity
         self.next_pos = torch.zeros(1, dtype=torch.long, device=passes.target.device)  # [1]
         self._pending = 0
 
     @property
     def cache(self):
-        return self.passes.cache()
+        return self.passes.cache(self.capacity)
 
     def _check_room(self, T: int) -> None:
-        if int(self.next_pos) + T > self.passes.capacity:
+        if int(self.next_pos) + T > self.capacity:
             raise ValueError(f"a pass of {T} tokens after {int(self.next_pos)} does not fit the static cache's "
-                             f"{self.passes.capacity} slots (compile_target's max_len {self.passes.max_len})")
+                             f"{self.capacity} slots")
 
     def extend(self, tokens: torch.Tensor, logits_to_keep: int = 0) -> TargetStep:
         """Run the target over tokens [1, T] placed at the row's next positions."""
@@ -160,7 +186,7 @@ class StaticTargetState:
         self._check_room(self.passes.width(T))
         positions = self.next_pos[:, None] + torch.arange(T, device=tokens.device)
         causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
-        logits, aux = self.passes.run(tokens, positions, causal, self.next_pos, logits_to_keep)
+        logits, aux = self.passes.run(self.capacity, tokens, positions, causal, self.next_pos, logits_to_keep)
         self._pending = T
         return TargetStep(logits, aux, positions)
 
@@ -169,7 +195,7 @@ class StaticTargetState:
         N = tokens.shape[1]
         self._check_room(self.passes.width(N))
         positions = self.next_pos[:, None] + depths
-        logits, aux = self.passes.run(tokens, positions, ancestors[0], self.next_pos)
+        logits, aux = self.passes.run(self.capacity, tokens, positions, ancestors[0], self.next_pos)
         self._pending = N
         return TargetStep(logits, aux, positions)
 
@@ -205,7 +231,7 @@ def _sliding_layers(config) -> str:
 
 
 def compile_target(target: Target, max_len: int = 2048, widths: Sequence[int] = (1, 2, 4, 8, 16), *,
-                   autotune: bool = False, backend: str = "inductor", warm: bool = False) -> Target:
+                   autotune: bool = False, backend: str = "inductor", warm: int | None = None) -> Target:
     """Make ``target``'s one-row decoding passes run compiled over a static cache (in place; returns it).
 
     Args:
@@ -216,7 +242,8 @@ def compile_target(target: Target, max_len: int = 2048, widths: Sequence[int] = 
             its first use (a minute or more on a CPU; ``autotune`` several).
         autotune: inductor's max-autotune (times GEMM kernels per shape; slower to compile).
         backend: a ``torch.compile`` backend ("eager" compiles nothing: the tests' fast path).
-        warm: compile every width now (with a progress bar) instead of on first use.
+        warm: compile every width now (with a progress bar) for rows of up to this many tokens
+            (prompt + max_new_tokens + draft_k + 1), instead of on first use.
 
     ``target.static = None`` undoes it. Changing the weights afterwards needs a new call (they are
     frozen into the compiled graphs).
@@ -235,6 +262,6 @@ def compile_target(target: Target, max_len: int = 2048, widths: Sequence[int] = 
     # dynamo would quietly run it eagerly.
     dynamo.recompile_limit = max(dynamo.recompile_limit, 64)
     target.static = StaticPasses(target, max_len, widths, autotune, backend)
-    if warm:
-        target.static.warm()
+    if warm is not None:
+        target.static.warm(warm)
     return target

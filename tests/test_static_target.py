@@ -72,6 +72,14 @@ def test_batches_and_calls_longer_than_max_len_keep_the_eager_state():
     assert out.sequences[0] == ref[:8] and target.static.counts == {"eager": 0}
 
 
+def test_capacities_grow_by_powers_of_two_and_a_held_one_is_reused():
+    target = compiled(max_len=1000)
+    assert target.static.capacity_for(10) == 256 and target.static.capacity_for(300) == 512
+    target.static.cache(1024)
+    assert target.static.capacity_for(10) == 1024  # no new graphs while a held capacity fits
+    assert target.static.capacity_for(1000) == 2048
+
+
 def test_a_second_call_reuses_the_cache_and_stays_exact():
     target, ref = compiled(), reference("llama")
     for _ in range(2):
@@ -109,7 +117,7 @@ def test_inductor_compiled_decoding_is_exact_in_fp32():
 
 
 def test_warm_compiles_every_width_before_the_first_call():
-    target, ref = compiled(warm=True), reference("llama")
-    assert target.static.counts == {"eager": 0, 1: 0, 4: 0, 8: 0}
+    target, ref = compiled(warm=len(PROMPT) + NEW + 4), reference("llama")
+    assert target.static.counts == {"eager": 0, 1: 0, 4: 0, 8: 0} and target.static.capacities == [256]
     out = peagle.generate(target, OracleDrafter([PROMPT + ref]), [PROMPT], max_new_tokens=NEW, draft_k=3)
     assert out.sequences[0] == ref

@@ -145,7 +145,7 @@ def _run(args: argparse.Namespace, checked: dict) -> int:
     from peagle.machine import apply_threads, parse_dtype
     from peagle.prompts import encode_prompts
 
-    from .models import load_bench_target
+    from .models import load_bench_target, warm_for
     from .report import human_report, json_line, machine_info, summary, write_csv, write_plots
 
     arms = checked["arms"]
@@ -174,6 +174,7 @@ def _run(args: argparse.Namespace, checked: dict) -> int:
         heads["llamacpp"] = f"llama-cpp-python on {Path(llamacpp.gguf).name}, {threads} thread(s)"
     runner = ArmRunner(target, drafters, llamacpp=llamacpp)
     prompts = {dataset_label(d): encode_prompts(target, load_prompts(d, args.num_prompts), chat=args.chat) for d in datasets}
+    warm_for(target, [p for ids in prompts.values() for p in ids], cfg.max_new_tokens)  # --compile: compile now
 
     meta = {"command": _command_line(args), "model": args.model, "dtype": str(target.dtype).replace("torch.", ""),
             "dtype_reason": getattr(target, "dtype_reason", None) or f"{str(target.dtype).replace('torch.', '')}: requested",

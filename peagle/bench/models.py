@@ -31,13 +31,20 @@ def tiny_target(seed: int = 0, dtype: torch.dtype = torch.float32) -> peagle.Tar
 def load_bench_target(model: str = "embedded", dtype: torch.dtype | str = torch.bfloat16,
                       compile: bool = False) -> peagle.Target:
     """"tiny" (:func:`tiny_target`), else any name :func:`peagle.embedded.load_target_by_name` takes.
-    compile: ``peagle.compile_target`` (max-autotune) at every decode width, compiled before returning."""
+    compile: ``peagle.compile_target`` (max-autotune) at every decode width; see :func:`warm_for`."""
     target = tiny_target(dtype=dtype) if model == "tiny" else load_target_by_name(model, dtype)
     if compile:
         from peagle.static_target import DECODE_WIDTHS
 
-        peagle.compile_target(target, widths=DECODE_WIDTHS, autotune=True, warm=True)
+        peagle.compile_target(target, widths=DECODE_WIDTHS, autotune=True)
     return target
+
+
+def warm_for(target: peagle.Target, prompts: list[list[int]], max_new_tokens: int) -> None:
+    """A compiled target: compile every width now, for the longest of these calls (one capacity
+    serves them all), so that no timed call compiles. Does nothing to an eager target."""
+    if getattr(target, "static", None) is not None:
+        target.static.warm(max(len(p) for p in prompts) + max_new_tokens + 17)  # + draft_k <= 16 + 1
 
 
 COMPILE_HELP = ("compile the target's one-row decoding passes (peagle.compile_target: a static cache, inductor "

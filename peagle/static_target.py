@@ -51,18 +51,25 @@ class StaticPasses:
     ``counts``: passes run per compiled width, and ``eager`` (wider than every width).
     """
 
-    def __init__(self, target: Target, max_len: int, widths: Sequence[int], autotune: bool, backend: str):
+    def __init__(self, target: Target, max_len: int, widths: Sequence[int], autotune: bool, backend: str,
+                 mode: str | None = None):
         self.target, self.max_len = target, max_len
         self.widths = tuple(sorted(set(widths)))
         self.headroom = max(_HEADROOM, self.widths[-1])
         self.counts: dict[str | int, int] = {"eager": 0}
         self._caches: dict[int, object] = {}  # capacity -> StaticCache
-        options = None
-        if backend == "inductor":
-            options = {"freezing": True}  # weights become constants: inductor packs them once
-            if autotune:
-                options.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
-        self._compiled = torch.compile(self._forward, dynamic=False, backend=backend, options=options)
+        # CUDA graphs replay into the same output buffers: outputs the loop keeps past the next pass
+        # (the drafter's queued aux states) must be copies.
+        self._copy_outputs = mode is not None and "reduce-overhead" in mode
+        if mode is not None:  # torch.compile takes a mode or options, not both
+            self._compiled = torch.compile(self._forward, dynamic=False, backend=backend, mode=mode)
+        else:
+            options = None
+            if backend == "inductor":
+                options = {"freezing": True}  # weights become constants: inductor packs them once
+                if autotune:
+                    options.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
+            self._compiled = torch.compile(self._forward, dynamic=False, backend=backend, options=options)
 
     @property
     def capacities(self) -> list[int]:
@@ -120,7 +127,8 @@ class StaticPasses:
             ids = torch.cat([ids, ids.new_zeros(1, padded - T)], dim=1)
             positions = torch.cat([positions, positions[:, -1:].expand(1, padded - T)], dim=1)
         logits, aux = self._compiled(ids, positions, mask, start, cache)
-        return logits[:, T - (logits_to_keep or T) : T], aux[:, :T]
+        logits, aux = logits[:, T - (logits_to_keep or T) : T], aux[:, :T]
+        return (logits.clone(), aux.clone()) if self._copy_outputs else (logits, aux)
 
     def warm(self, length: int, progress: bool = True) -> int:
         """Compile every width now for rows of up to ``length`` tokens (a dummy pass each, written
@@ -231,7 +239,8 @@ def _sliding_layers(config) -> str:
 
 
 def compile_target(target: Target, max_len: int = 2048, widths: Sequence[int] = (1, 2, 4, 8, 16), *,
-                   autotune: bool = False, backend: str = "inductor", warm: int | None = None) -> Target:
+                   autotune: bool = False, backend: str = "inductor", mode: str | None = None,
+                   warm: int | None = None) -> Target:
     """Make ``target``'s one-row decoding passes run compiled over a static cache (in place; returns it).
 
     Args:
@@ -242,6 +251,8 @@ def compile_target(target: Target, max_len: int = 2048, widths: Sequence[int] = 
             its first use (a minute or more on a CPU; ``autotune`` several).
         autotune: inductor's max-autotune (times GEMM kernels per shape; slower to compile).
         backend: a ``torch.compile`` backend ("eager" compiles nothing: the tests' fast path).
+        mode: a ``torch.compile`` mode instead of the CPU options (frozen weights, ``autotune``):
+            "reduce-overhead" on a GPU replays each width as a CUDA graph.
         warm: compile every width now (with a progress bar) for rows of up to this many tokens
             (prompt + max_new_tokens + draft_k + 1), instead of on first use.
 
@@ -261,7 +272,7 @@ def compile_target(target: Target, max_len: int = 2048, widths: Sequence[int] = 
     # Each width (and each compiled target) is one more graph of the same method; past the limit
     # dynamo would quietly run it eagerly.
     dynamo.recompile_limit = max(dynamo.recompile_limit, 64)
-    target.static = StaticPasses(target, max_len, widths, autotune, backend)
+    target.static = StaticPasses(target, max_len, widths, autotune, backend, mode)
     if warm is not None:
         target.static.warm(warm)
     return target

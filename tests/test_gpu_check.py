@@ -27,14 +27,16 @@ def _dry_run(out: Path, sections: str | None) -> str:
 
 
 def test_gpu_check_dry_run_quick_sections(tmp_path):
-    summary = _dry_run(tmp_path, "env,pytest_gpu,fp8,graphs,e2e")
-    for name in ("env", "pytest_gpu", "fp8", "graphs", "e2e"):
+    summary = _dry_run(tmp_path, "env,pytest_gpu,fp8,graphs,e2e,compiled")
+    for name in ("env", "pytest_gpu", "fp8", "graphs", "e2e", "compiled"):
         assert f"[{name}] rc=0" in summary and "(dry run)" in summary, summary
     assert "[sampling]" not in summary  # not listed: not run
     assert (tmp_path / "fp8" / "fp8_decode.csv").exists()
     assert (tmp_path / "graphs" / "graphs.csv").read_text().startswith("fp8,batch,tokens,mode")
     table = (tmp_path / "e2e" / "e2e.md").read_text()
     assert "| Concurrency |" in table and "REPLAYED" in table
+    compiled = (tmp_path / "compiled" / "compiled.md").read_text()
+    assert "| P-EAGLE K=3 |" in compiled and compiled.count(" 2/2 |") == 4  # compiled outputs = eager ones
     import json
 
     replay = json.loads((tmp_path / "e2e" / "e2e.json").read_text())["replay"]

@@ -357,3 +357,26 @@ def test_head_to_head_pairs_each_heads_fastest_arm():
     rows[2]["otps_all"] = [230.0, 260.0, 100.0]  # same median; paired 1.087, 0.923, 1.2 -> 1.087 (not 240 / 230)
     assert report.head_to_head_table(rows).splitlines()[2].endswith("| 1.087x |")
     assert report.head_to_head_table([r for r in rows if not r["arm"].startswith("eagle3")]) == ""
+
+
+def test_compile_runs_one_row_groups_compiled_and_records_it(tmp_path, capsys, monkeypatch):
+    import peagle
+
+    real = peagle.compile_target  # dynamo's "eager" backend: the same capture, none of inductor's minutes
+    made = []
+    monkeypatch.setattr(peagle, "compile_target", lambda target, **kw: made.append(real(target, **{**kw, "backend": "eager"})) or made[-1])
+    argv = ["--quick", "--compile", "--arms", "plain,eagle3", "--draft-k", "3", "--batch-sizes", "1", "--datasets", "",
+            "--prompts", str(_prompt_file(tmp_path)), "--json", "--out", str(tmp_path / "out")]
+    assert bench.main(argv) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    greedy = [r for r in doc["rows"] if r["arm"] != "plain" and r["temperature"] == 0]
+    assert greedy and all(r["identical_to_plain"] for r in greedy)
+    assert "target compiled at widths" in doc["meta"]["dtype_reason"]
+    counts = made[0].static.counts
+    assert counts.get(1, 0) > 0 and counts.get(4, 0) > 0  # plain steps and K=3 verifies ran compiled widths
+
+
+def _prompt_file(tmp_path):
+    path = tmp_path / "two.jsonl"
+    path.write_text('{"prompt": "def add(a, b):"}\n{"prompt": "Name three colours."}\n')
+    return path

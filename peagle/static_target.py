@@ -61,15 +61,19 @@ class StaticPasses:
         # CUDA graphs replay into the same output buffers: outputs the loop keeps past the next pass
         # (the drafter's queued aux states) must be copies.
         self._copy_outputs = mode is not None and "reduce-overhead" in mode
+        # The model's own forward is compiled (a bound method of the module): inductor then sees the
+        # weights as the module's parameters and can freeze them. A function that reaches the model
+        # through a closure compiled to eager speed (78 ms a step against 46 on an AVX2 EPYC).
+        forward = target.model.forward
         if mode is not None:  # torch.compile takes a mode or options, not both
-            self._compiled = torch.compile(self._forward, dynamic=False, backend=backend, mode=mode)
+            self._model = torch.compile(forward, dynamic=False, backend=backend, mode=mode)
         else:
             options = None
             if backend == "inductor":
                 options = {"freezing": True}  # weights become constants: inductor packs them once
                 if autotune:
                     options.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
-            self._compiled = torch.compile(self._forward, dynamic=False, backend=backend, options=options)
+            self._model = torch.compile(forward, dynamic=False, backend=backend, options=options)
 
     @property
     def capacities(self) -> list[int]:
@@ -105,10 +109,6 @@ class StaticPasses:
         """The width a pass of T tokens runs at: the smallest compiled width >= T, else T (eager)."""
         return next((w for w in self.widths if w >= T), T)
 
-    def _forward(self, ids, position_ids, mask, start, cache):
-        return self.target.forward(ids, position_ids, cache, attention_4d=mask,
-                                   cache_position=start + torch.arange(ids.shape[1], device=ids.device))
-
     def run(self, capacity: int, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
             start: torch.Tensor, logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass of ids, positions [1, T] written at slots start..start+T-1 (start: a [1] tensor)
@@ -126,7 +126,8 @@ class StaticPasses:
         if padded > T:
             ids = torch.cat([ids, ids.new_zeros(1, padded - T)], dim=1)
             positions = torch.cat([positions, positions[:, -1:].expand(1, padded - T)], dim=1)
-        logits, aux = self._compiled(ids, positions, mask, start, cache)
+        logits, aux = self.target.forward(ids, positions, cache, attention_4d=mask, model=self._model,
+                                          cache_position=start + torch.arange(padded, device=ids.device))
         logits, aux = logits[:, T - (logits_to_keep or T) : T], aux[:, :T]
         return (logits.clone(), aux.clone()) if self._copy_outputs else (logits, aux)
 

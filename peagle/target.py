@@ -182,16 +182,19 @@ class Target:
         logits_to_keep: int = 0,
         attention_4d: torch.Tensor | None = None,
         cache_position: torch.Tensor | None = None,
+        model=None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One target pass.
 
         input_ids, position_ids: [B, T]; attention_mask: [B, past + T] (1 = visible) or None;
         cache_position [T]: the cache slots written (a static cache; None: after the last);
+        model: what runs the pass (default ``self.model``; ``peagle.compile_target`` passes the
+        model's compiled forward);
         returns logits [B, T', V] (T' = logits_to_keep or T) and aux [B, T, len(aux)*H].
         """
         self._captured = {}
         try:
-            out = self.model(
+            out = (model or self.model)(
                 input_ids=input_ids,
                 position_ids=position_ids,
                 attention_mask=attention_4d if attention_4d is not None else attention_mask,

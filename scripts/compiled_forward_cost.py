@@ -6,7 +6,7 @@
 The embedded target in fp32 with a static KV cache after ``--context`` tokens (each call adds its n,
 so the last reads context + rounds * n), one thread, batch 1; medians of ``--rounds`` calls after the first (which, compiled, includes compiling and autotuning). A study of
 what a compiled target would change on CPUs where a multi-token forward is costly (AVX2 only): peagle's
-decoding loop runs the target eagerly.
+decoding loop runs the target eagerly unless `peagle.compile_target` compiled it (scripts/compiled_decode.py compares the two in the loop).
 """
 from __future__ import annotations
 

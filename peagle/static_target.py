@@ -2,7 +2,7 @@
 
 Why: on a CPU without native bf16 (AVX2 only) the embedded target's eager forward over 4 new tokens
 costs ~1.7-1.9x a one-token step, so verifying drafts costs almost what accepting them saves. Compiled
-by inductor with the weights frozen as constants, a step costs ~0.6-0.7x eager and 2-4 tokens ~1.2x a
+by inductor with the weights frozen as constants, a step costs ~0.6x eager and 4 tokens ~1.3x a
 compiled step (docs/results.md, "What a forward costs"). A compiled graph needs fixed shapes, so:
 
 * the KV cache is a ``StaticCache`` whose *capacity* is 256 x 2^i slots, enough for the call's
@@ -18,7 +18,7 @@ One row at a time: a batch of more rows, or a call longer than ``max_len``, gets
 ``TargetState`` as before. ``generate()`` is unchanged: it asks ``target.new_state`` for a state.
 
     target = peagle.load_target(dtype=torch.float32)
-    peagle.compile_target(target, widths=(1, 4), autotune=True, warm=512)  # ~1 min a width on a CPU
+    peagle.compile_target(target, widths=(1, 4), autotune=True, warm=512)  # 2-3 min a width on a CPU
     peagle.generate(target, drafter, prompt, draft_k=3)
 
 Compiled and eager kernels sum in different orders, so compiled logits differ from eager ones in the
@@ -249,7 +249,7 @@ def compile_target(target: Target, max_len: int = 2048, widths: Sequence[int] = 
             longer calls, and batches of several rows, decode eagerly as before.
         widths: the pass widths compiled (a pass of T tokens runs the smallest width >= T): 1 for
             plain decoding, draft_k + 1 for a chain, the node count for a tree. Each compiles on
-            its first use (a minute or more on a CPU; ``autotune`` several).
+            its first use (about 30 s on a CPU; with ``autotune`` 2-3 minutes).
         autotune: inductor's max-autotune (times GEMM kernels per shape; slower to compile).
         backend: a ``torch.compile`` backend ("eager" compiles nothing: the tests' fast path).
         mode: a ``torch.compile`` mode instead of the CPU options (frozen weights, ``autotune``):

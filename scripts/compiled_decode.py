@@ -1,7 +1,7 @@
 """Decoding with the target's loop passes compiled (``peagle.compile_target``) against eager, one row.
 
     python scripts/compiled_decode.py --out DIR --cpu         # this CPU: embedded target in fp32, inductor
-                                                              # max-autotune (about a minute of compiling a width)
+                                                              # max-autotune (2-3 minutes of compiling a width)
     python scripts/compiled_decode.py --out DIR               # one GPU: bf16, mode "reduce-overhead" (CUDA graphs)
     python scripts/compiled_decode.py --out DIR --dry-run     # CPU, tiny random model, dynamo's "eager" backend
 

@@ -48,7 +48,7 @@ def warm_for(target: peagle.Target, prompts: list[list[int]], max_new_tokens: in
 
 
 COMPILE_HELP = ("compile the target's one-row decoding passes (peagle.compile_target: a static cache, inductor "
-                "max-autotune at widths 1-32, about a minute of compiling a width on a CPU, cached on disk after)")
+                "max-autotune at widths 1-32, 2-3 minutes of compiling a width on a CPU)")
 
 
 @dataclass

@@ -32,6 +32,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from .target import cache_keyword, point_static_writes_at
+
 Pad = Callable[[tuple[torch.Tensor, ...], int, int], tuple[torch.Tensor, ...]]
 
 
@@ -198,15 +200,10 @@ class StaticVerify:
     def _forward(self, ids, position_ids, mask, start):
         """One forward that writes T slots from ``start`` (a [B, T] int tensor, every entry = start)."""
         first = start[0, :1]
-        for layer in getattr(self.cache, "layers", ()):
-            counter = getattr(layer, "cumulative_length", None)
-            # transformers >= 5.2x writes at this device counter (set up by the layer's first update,
-            # the eager prefill, which starts at 0 anyway); older versions write at cache_position.
-            if isinstance(counter, torch.Tensor) and getattr(layer, "is_initialized", True):
-                counter.copy_(first.reshape(counter.shape).to(counter.dtype))
+        point_static_writes_at(self.cache, first)
         cache_position = first + torch.arange(ids.shape[1], device=ids.device)  # older versions write here
         out = self.model(input_ids=ids, position_ids=position_ids, attention_mask=mask[:, None],
-                         cache_position=cache_position, use_cache=True, **{_cache_kw(self.model): self.cache})
+                         cache_position=cache_position, use_cache=True, **{cache_keyword(self.model): self.cache})
         return out.logits
 
     def _mask(self, T: int, padded: int) -> torch.Tensor:
@@ -254,9 +251,3 @@ class StaticVerify:
         self.visible[:, self.written : self.written + T] = cols[None, :] < num_keep.to(self.device)[:, None]
         self.positions = self.positions + num_keep.to(self.device)
         self.written += T
-
-
-def _cache_kw(model) -> str:
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"

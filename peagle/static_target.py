@@ -31,7 +31,7 @@ from typing import Sequence
 
 import torch
 
-from .target import Target, TargetStep
+from .target import Target, TargetStep, point_static_writes_at
 
 #: The widths a decode loop passes: a plain step, chains up to draft_k 15, trees up to 32 nodes.
 DECODE_WIDTHS = (1, 2, 4, 8, 16, 32)
@@ -114,7 +114,7 @@ class StaticPasses:
         cache, T = self.cache(capacity), ids.shape[1]
         padded = self.width(T)
         mask = self._mask(visible, start, padded, capacity)
-        _point_writes_at(cache, start)
+        point_static_writes_at(cache, start)
         if padded not in self.widths:
             self.counts["eager"] += 1
             return self.target.forward(ids, positions, cache, attention_4d=mask, logits_to_keep=logits_to_keep,
@@ -158,15 +158,6 @@ class StaticPasses:
         keep[:, int(start) : int(start) + padded] = block
         mask = torch.zeros(1, 1, padded, capacity, dtype=self.target.dtype, device=device)
         return mask.masked_fill_(~keep, torch.finfo(mask.dtype).min)
-
-
-def _point_writes_at(cache, start: torch.Tensor) -> None:
-    """transformers >= 5.2x writes a static layer's new slots at its ``cumulative_length`` counter
-    (older versions at ``cache_position``, which every pass also passes): set it to ``start``."""
-    for layer in getattr(cache, "layers", ()):
-        counter = getattr(layer, "cumulative_length", None)
-        if isinstance(counter, torch.Tensor):
-            counter.copy_(start.reshape(counter.shape).to(counter.dtype))
 
 
 class StaticTargetState:
@@ -229,6 +220,10 @@ class StaticTargetState:
             raise ValueError(f"a static target state holds one row, got index {index.tolist()}")
 
 
+#: torch.compile's modes (None: peagle's CPU settings, frozen weights and optional max-autotune).
+_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 def _sliding_layers(config) -> str:
     """'' for a model whose every layer attends to all past slots, else a description of the others."""
     types = getattr(config, "layer_types", None)
@@ -264,6 +259,10 @@ def compile_target(target: Target, max_len: int = 2048, widths: Sequence[int] = 
         raise ValueError(f"max_len must be an integer >= 1, got {max_len!r}")
     if not widths or any(not isinstance(w, int) or isinstance(w, bool) or not 1 <= w <= 256 for w in widths):
         raise ValueError(f"widths must be a non-empty sequence of integers in [1, 256], got {widths!r}")
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, _MODES))}, got {mode!r}")
+    if warm is not None and (not isinstance(warm, int) or isinstance(warm, bool) or not 1 <= warm <= max_len):
+        raise ValueError(f"warm must be None or an integer in [1, max_len={max_len}], got {warm!r}")
     sliding = _sliding_layers(target.text_config)
     if sliding:
         raise ValueError(f"target: compile_target supports full-attention layers only; this model has sliding-window "

@@ -64,6 +64,17 @@ def cache_keyword(model: nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def point_static_writes_at(cache, start: torch.Tensor) -> None:
+    """Make a ``StaticCache``'s next update write from slot ``start`` (a one-element tensor).
+    transformers >= 5.2x writes a static layer's new slots at its device counter
+    ``cumulative_length`` (set up by the layer's first update); older versions write at the
+    ``cache_position`` a pass is given, which callers pass as well."""
+    for layer in getattr(cache, "layers", ()):
+        counter = getattr(layer, "cumulative_length", None)
+        if isinstance(counter, torch.Tensor) and getattr(layer, "is_initialized", True):
+            counter.copy_(start.reshape(counter.shape).to(counter.dtype))
+
+
 class Target:
     """A causal LM plus the hooks that expose its aux hidden states.
 

@@ -95,7 +95,8 @@ def test_undoing_compile_target_restores_the_eager_state():
 
 @pytest.mark.parametrize("kw, match", [
     ({"max_len": 0}, "max_len"), ({"max_len": 1.5}, "max_len"), ({"widths": ()}, "widths"),
-    ({"widths": (0, 4)}, "widths"), ({"widths": (4, 300)}, "widths"),
+    ({"widths": (0, 4)}, "widths"), ({"widths": (4, 300)}, "widths"), ({"mode": "fast"}, "mode"),
+    ({"warm": 0}, "warm"), ({"warm": 500}, "warm"),
 ])
 def test_bad_arguments_name_themselves(kw, match):
     with pytest.raises(ValueError, match=match):

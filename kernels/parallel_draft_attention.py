@@ -81,7 +81,9 @@ def parallel_draft_attention_torch(
     slots = torch.arange(S, device=q.device)
     lens = cache_lens.to(q.device)
     cached = slots[None, :] < lens[:, None]  # [B, S]
-    if S and bool((lens < S).any()):  # zero the slots past cache_lens: they may hold NaN garbage
+    # Zero the slots past cache_lens: they may hold NaN garbage. (Compiled code masks without
+    # asking: a host read would split the graph.)
+    if S and (torch.compiler.is_compiling() or bool((lens < S).any())):
         k_cache = k_cache.masked_fill(~cached[:, None, :, None], 0)
         v_cache = v_cache.masked_fill(~cached[:, None, :, None], 0)
     keys = torch.cat([k_cache, k.transpose(1, 2)], dim=2).float()  # [B, Hkv, S+Q, D]

@@ -17,6 +17,7 @@ from .embedded import load_target
 from .fp8 import FP8Linear, load_fp8_state, quantize_fp8, save_fp8_state
 from .generate import generate
 from .sampling import SamplingParams
+from .static_drafter import compile_drafter
 from .static_target import compile_target
 from .stats import GenerationOutput, GenerationStats
 from .target import Target
@@ -42,6 +43,6 @@ __version__ = _version()
 
 __all__ = [
     "__version__", "DFlashConfig", "DFlashDrafter", "Draft", "Drafter", "DrafterBase", "TreeDrafter", "FP8Linear", "load_fp8_state", "quantize_fp8", "save_fp8_state", "DraftStep", "DrafterConfig", "Eagle3Drafter", "GenerationOutput",
-    "GenerationStats", "NgramBranch", "NgramDrafter", "PEagleDrafter", "SamplingParams", "Target", "TreeConfig", "compile_target", "generate",
+    "GenerationStats", "NgramBranch", "NgramDrafter", "PEagleDrafter", "SamplingParams", "Target", "TreeConfig", "compile_drafter", "compile_target", "generate",
     "load_drafter", "load_target",
 ]

@@ -23,8 +23,9 @@
 #   graphs         graphs/graphs.csv: verify steps eager vs CUDA graphs, Llama-8B shape (peagle.cuda_graphs)
 #   e2e            e2e/e2e.md: the source article's table, concurrency 1-64 (scripts/gpu_e2e_table.py)
 #   compiled       not in the default list (GPU_CHECK_SECTIONS=compiled): compiled/compiled.md, the
-#                  decode loop's target passes under torch.compile "reduce-overhead" (CUDA graphs)
-#                  against eager, plain / EAGLE-3 / P-EAGLE at concurrency 1 (scripts/compiled_decode.py)
+#                  decode loop's target passes, then the heads' passes too, under torch.compile
+#                  "reduce-overhead" (CUDA graphs) against eager, plain / EAGLE-3 / P-EAGLE at
+#                  concurrency 1 (scripts/compiled_decode.py)
 #   train          not in the default list (it needs minutes of its own): GPU_CHECK_SECTIONS=train,
 #                  or bash scripts/gpu_train_check.sh; TRAIN_ATTENTION="chunked flex" trains each
 #                  kind with both attention paths (default auto: flex on CUDA)
@@ -118,9 +119,9 @@ section graphs 60 "$PY" scripts/gpu_graphs_check.py --out "$OUT_DIR/graphs" "${D
 # --- e2e: output tokens/s at concurrency 1-64, plain / EAGLE-3 / P-EAGLE --------------------------
 section e2e 200 "$PY" scripts/gpu_e2e_table.py --out "$OUT_DIR/e2e" "${DRYARG[@]}"
 
-# --- compiled (only when listed): peagle.compile_target's passes against eager, one row -----------
+# --- compiled (only when listed): compile_target's and compile_drafter's passes against eager -----
 if [[ "$SECTIONS" == *",compiled,"* ]]; then
-    section compiled 240 "$PY" scripts/compiled_decode.py --out "$OUT_DIR/compiled" "${DRYARG[@]}"
+    section compiled 360 "$PY" scripts/compiled_decode.py --out "$OUT_DIR/compiled" "${DRYARG[@]}"
 fi
 
 # --- train (only when listed): each trainable head kind on a random Llama-1B-shaped target --------

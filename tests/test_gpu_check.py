@@ -37,6 +37,7 @@ def test_gpu_check_dry_run_quick_sections(tmp_path):
     assert "| Concurrency |" in table and "REPLAYED" in table
     compiled = (tmp_path / "compiled" / "compiled.md").read_text()
     assert "| P-EAGLE K=3 |" in compiled and compiled.count(" 2/2 |") == 4  # compiled outputs = eager ones
+    assert "target + drafter compiled tok/s" in compiled and "compile_drafter" in compiled
     import json
 
     replay = json.loads((tmp_path / "e2e" / "e2e.json").read_text())["replay"]

@@ -35,7 +35,7 @@ class Eagle3Drafter(DraftHead):
             if j + 1 < draft_k:
                 position = position + 1
                 hidden = self.run(token, hidden, position, ones)
-        self.cache.lens -= draft_k - 1  # drop the speculative entries of passes 2..k
+        self.cache.rewind(draft_k - 1)  # drop the speculative entries of passes 2..k
         q = None if probs[0] is None else torch.cat(probs, dim=1)
         return Draft(torch.cat(tokens, dim=1), q)
 

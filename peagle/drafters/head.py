@@ -19,12 +19,14 @@ from ..checkpoint import load_drafter, save_pretrained
 from ..config import DrafterConfig
 from ..sampling import SamplingParams, process_logits, sample_from_weights
 from .base import DrafterBase, DraftStep
-from .layers import DecoderLayer, KVCache, RMSNorm, rope_cos_sin
+from .layers import DecoderLayer, KVCache, RMSNorm, StaticKVCache, rope_cos_sin
 
 
 def _attention_impl():
-    from peagle.kernels import parallel_draft_attention  # dispatches to Triton or its torch twin
-    return parallel_draft_attention
+    """The dispatcher (Triton or its torch twin); compiled code runs the twin, which inductor
+    fuses (it cannot trace into a Triton launch)."""
+    from peagle.kernels import parallel_draft_attention, parallel_draft_attention_torch
+    return parallel_draft_attention_torch if torch.compiler.is_compiling() else parallel_draft_attention
 
 
 class DraftHead(nn.Module, DrafterBase):
@@ -42,6 +44,7 @@ class DraftHead(nn.Module, DrafterBase):
         self.embed_tokens: nn.Embedding | None = None  # None: borrow the target's at bind()
         self._target_embed: nn.Embedding | None = None
         self.cache: KVCache | None = None
+        self.static = None  # peagle.compile_drafter: compiled one-row passes (None: eager)
 
     # -- vocabulary ---------------------------------------------------------------------
     def set_draft_vocab(self, used_ids: torch.Tensor) -> None:
@@ -115,8 +118,11 @@ class DraftHead(nn.Module, DrafterBase):
 
     def new_cache(self, batch_size: int) -> None:
         p = self.norm.weight
-        self.cache = KVCache(len(self.layers), batch_size, self.config.num_key_value_heads,
-                             self.config.head_dim, p.device, p.dtype)
+        shape = (len(self.layers), batch_size, self.config.num_key_value_heads, self.config.head_dim, p.device, p.dtype)
+        if self.static is not None and batch_size == 1:  # compiled passes: one row, no host reads
+            self.cache = StaticKVCache(*shape, capacity=self.static.capacity)
+        else:
+            self.cache = KVCache(*shape)
 
     @property
     def attention_window(self) -> int | None:
@@ -142,7 +148,21 @@ class DraftHead(nn.Module, DrafterBase):
         Returns [B, Q, H]; queries see the cache and this block causally. ``attend_fn(layer,
         q, k, v)`` replaces that attention (tree expansion supplies its own mask).
         """
-        cache = self.cache
+        T = tokens.shape[1]
+        compiled = attend_fn is None and self.static is not None and isinstance(self.cache, StaticKVCache)
+        self.cache.reserve(T, self.static.width(T) if compiled else T)
+        if compiled:
+            hidden = self.static.run(tokens, hidden, positions)  # compiled at its widths (compile_drafter)
+        else:
+            hidden = self.run_layers(tokens, hidden, positions, num_write, attend_fn)
+        self.cache.advance(num_write)
+        return hidden
+
+    def run_layers(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                   num_write: torch.Tensor | None = None, attend_fn=None, cache: KVCache | None = None) -> torch.Tensor:
+        """``run`` without advancing the cache's lengths (default ``self.cache``): what
+        ``compile_drafter`` compiles."""
+        cache = self.cache if cache is None else cache
         attention = _attention_impl()
         window = self.config.attention_window
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, hidden.dtype)
@@ -157,7 +177,6 @@ class DraftHead(nn.Module, DrafterBase):
 
             hidden, (k, v) = layer(hidden, emb if i == 0 else None, cos, sin, attend)
             cache.write(i, k, v, num_write)
-        cache.advance(num_write)
         return hidden
 
     def logits(self, prenorm: torch.Tensor) -> torch.Tensor:

@@ -83,6 +83,90 @@ class KVCache:
         S = max(int(self.lens.max()), 0)
         return self.k[layer][:, :, :S], self.v[layer][:, :, :S]
 
+    def reserve(self, T: int, room: int | None = None) -> None:
+        """Before a pass of T tokens (this cache grows inside ``write``)."""
+
+    def rewind(self, n: int) -> None:
+        """Forget each row's last n entries (speculative ones)."""
+        self.lens = self.lens - n
+
+
+class StaticKVCache(KVCache):
+    """A ``KVCache`` whose passes read nothing on the host, so a drafter pass can run compiled.
+
+    * ``view`` returns the whole buffers: attention reads only slots < lens, so what lies past a
+      row's length (padding, rejected drafts, P-EAGLE's mask slots) is never seen.
+    * ``write`` scatters all T entries of a pass at slots lens..lens+T-1, whatever ``num_new``
+      says; entries past num_new land past the new length and are overwritten by the next pass.
+    * The capacity (256 x 2^i slots) grows in ``reserve``, outside compiled code, from a host-side
+      upper bound on the lengths; the device is read only when that bound nears the capacity.
+
+    Buffers are marked as static addresses, so CUDA graphs may write into them.
+    """
+
+    STEP = 256  # capacities are STEP x 2^i: each capacity is one more compiled graph per width
+    HEADROOM = 64  # slots past the longest row a new capacity keeps free (the widest decode pass)
+
+    def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int, device, dtype,
+                 capacity: int = STEP):
+        super().__init__(num_layers, batch_size, num_kv_heads, head_dim, device, dtype, capacity)
+        self.bound = 0  # host-side: no row is longer than this
+        self._mark_static()
+
+    @classmethod
+    def over(cls, lens: torch.Tensor, k: list[torch.Tensor], v: list[torch.Tensor]) -> "StaticKVCache":
+        """A cache object around existing buffers (in compiled code: its inputs stay graph inputs)."""
+        cache = cls.__new__(cls)
+        cache.lens, cache.k, cache.v, cache.bound = lens, k, v, 0
+        return cache
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[2]
+
+    @classmethod
+    def capacity_for(cls, length: int) -> int:
+        """The smallest STEP x 2^i holding ``length`` slots and the headroom."""
+        capacity = cls.STEP
+        while capacity < length + cls.HEADROOM:
+            capacity *= 2
+        return capacity
+
+    def _mark_static(self) -> None:
+        for t in self.k + self.v:
+            torch._dynamo.mark_static_address(t)
+
+    def reserve(self, T: int, room: int | None = None) -> None:
+        """Before a pass of T tokens written over ``room`` slots (default T; more when padded) at
+        every row's end: grow if they might not fit (call outside compiled code)."""
+        room = T if room is None else room
+        if self.bound + room > self.capacity:
+            self.bound = int(self.lens.max())  # the one host read, and only near the capacity
+            if self.bound + room > self.capacity:
+                pad = (0, 0, 0, self.capacity_for(self.bound + room) - self.capacity)
+                self.k = [F.pad(t, pad) for t in self.k]
+                self.v = [F.pad(t, pad) for t in self.v]
+                self._mark_static()
+        self.bound += T
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, num_new: torch.Tensor) -> None:
+        """Write all T entries of k, v [B, T, Hkv, D] at slots lens..lens+T-1 of each row."""
+        B, T, H, D = k.shape
+        slots = (self.lens[:, None] + torch.arange(T, device=k.device))[:, None, :, None].expand(B, H, T, D)
+        self.k[layer].scatter_(2, slots, k.transpose(1, 2).to(self.k[layer].dtype))
+        self.v[layer].scatter_(2, slots, v.transpose(1, 2).to(self.v[layer].dtype))
+
+    def view(self, layer: int):
+        return self.k[layer], self.v[layer]
+
+    def rewind(self, n: int) -> None:
+        super().rewind(n)
+        self.bound -= n
+
+    def select(self, index: torch.Tensor) -> None:
+        super().select(index)
+        self._mark_static()
+
 
 class Attention(nn.Module):
     def __init__(self, cfg: DrafterConfig, input_size: int):

@@ -1,0 +1,142 @@
+"""A draft head whose one-row passes run compiled: the drafter's half of ``compile_target``.
+
+Why: a head's pass is a few small matmuls and a hundred small operators; eagerly, on a CPU, their
+dispatch costs about as much as their arithmetic (an EAGLE-3 chain of 3 drafts took 18 ms a cycle
+on an AVX2 EPYC, a fifth of the cycle once the target was compiled). Compiled, the pass is a few
+fused kernels. A compiled graph needs fixed shapes and no host reads, so:
+
+* one row's KV cache is a ``StaticKVCache``: attention reads the whole buffer and masks slots past
+  the row's length, writes scatter a pass's entries after it, and the capacity (256 x 2^i slots)
+  grows between passes from a host-side bound, without reading the device on every pass;
+* a pass over T tokens runs the graph of the smallest *width* >= T, padded after its last token
+  (causal attention: no real token sees the padding, whose cache entries land past the length);
+  wider passes (the prompt) and tree expansions (their own masks) run eagerly over the same cache;
+* batches of several rows keep the eager cache.
+
+Widths a decode loop uses: EAGLE-3 passes 1 token, after the cycle's first pass over the accepted
+tokens + 1 (at most draft_k + 1); a P-EAGLE pass is those tokens + draft_k - 1 mask slots (at most
+2 draft_k).
+
+    drafter = peagle.Eagle3Drafter.from_pretrained("eagle3", target=target)
+    peagle.compile_drafter(drafter, widths=(1, 4), warm=512)
+    peagle.generate(target, drafter, prompt, draft_k=3)
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .drafters.head import DraftHead
+from .drafters.layers import StaticKVCache
+from .static_target import check_compile_args, inductor_settings, raise_recompile_limit
+
+
+class DraftPasses:
+    """A head's compiled passes (``head.static``); ``counts``: passes run per compiled width."""
+
+    def __init__(self, head: DraftHead, widths: Sequence[int], autotune: bool, backend: str, mode: str | None):
+        self.head = head
+        self.widths = tuple(sorted(set(widths)))
+        self.capacity = StaticKVCache.STEP  # a new row's capacity: the largest one compiled so far
+        self.counts: dict[int, int] = {}
+        # CUDA graphs replay into the same output buffers; EAGLE-3 feeds a pass's output to the next.
+        self._copy_outputs = mode is not None and "reduce-overhead" in mode
+        self._inductor = inductor_settings(backend, mode, autotune)
+        self._layers = torch.compile(self._run_over, dynamic=False, backend=backend, mode=mode)
+
+    def _run_over(self, tokens, hidden, positions, lens, keys, values) -> torch.Tensor:
+        # The cache's tensors come in as arguments: read off an object, dynamo guards on their identity.
+        return self.head.run_layers(tokens, hidden, positions, cache=StaticKVCache.over(lens, keys, values))
+
+    def width(self, T: int) -> int:
+        """The width a pass of T tokens runs at: the smallest compiled width >= T, else T (eager)."""
+        return next((w for w in self.widths if w >= T), T)
+
+    def run(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``DraftHead.run_layers`` over tokens, positions [1, T], hidden [1, T, H]: compiled at the
+        smallest width >= T (``DraftHead.run`` reserved the cache's room), else eagerly. -> [1, T, H]."""
+        T = tokens.shape[1]
+        padded = self.width(T)
+        cache = self.head.cache
+        self.capacity = max(self.capacity, cache.capacity)
+        if padded not in self.widths:
+            return self.head.run_layers(tokens, hidden, positions)
+        self.counts[padded] = self.counts.get(padded, 0) + 1
+        # Fresh contiguous inputs of the width: a graph is specialised to its inputs' strides too, and
+        # the loop's inputs are slices. The padding's entries land past the row's end (``run``
+        # reserved them); its positions repeat the last one.
+        tokens = _pad_to(tokens, padded, 0)
+        positions = _pad_to(positions, padded, positions[0, -1])
+        hidden = _pad_to(hidden, padded, 0)
+        from torch._inductor import config as inductor_config
+
+        with inductor_config.patch(self._inductor):  # compiling happens inside a width's first call
+            out = self._layers(tokens, hidden, positions, cache.lens, cache.k, cache.v)
+        out = out[:, :T]
+        return out.clone() if self._copy_outputs else out
+
+    def warm(self, length: int, progress: bool = True) -> int:
+        """Compile every width now for rows of up to ``length`` tokens, so that no timed call pays
+        for compiling; new rows then start at that capacity. Returns the capacity."""
+        from tqdm.auto import tqdm
+
+        head = self.head
+        if head.embed_tokens is None and head._target_embed is None:
+            raise ValueError("drafter: bind it to its target first (drafter.bind(target), or load it with target=)")
+        p, c = head.norm.weight, head.config
+        self.capacity = max(self.capacity, StaticKVCache.capacity_for(length))
+        saved = head.cache
+        try:
+            for w in tqdm(self.widths, desc=f"compiling the drafter's pass widths ({self.capacity} slots)",
+                          unit="width", disable=not progress):
+                head.cache = StaticKVCache(len(head.layers), 1, c.num_key_value_heads, c.head_dim, p.device, p.dtype,
+                                           capacity=self.capacity)
+                ids = torch.zeros(1, w, dtype=torch.long, device=p.device)
+                hidden = torch.zeros(1, w, c.hidden_size, dtype=p.dtype, device=p.device)
+                with torch.no_grad():
+                    self.run(ids, hidden, torch.arange(w, device=p.device)[None])
+                self.counts[w] -= 1  # not a decoding pass
+        finally:
+            head.cache = saved
+        return self.capacity
+
+
+def _pad_to(x: torch.Tensor, width: int, fill) -> torch.Tensor:
+    """x [1, T, ...] copied into a new contiguous [1, width, ...] filled with ``fill`` past T."""
+    out = x.new_empty(1, width, *x.shape[2:])
+    out[:, x.shape[1]:] = fill
+    out[:, : x.shape[1]] = x
+    return out
+
+
+def compile_drafter(drafter, widths: Sequence[int] = (1, 2, 4, 8), *, autotune: bool = False,
+                    backend: str = "inductor", mode: str | None = None, warm: int | None = None):
+    """Make an EAGLE-3 or P-EAGLE head's one-row passes run compiled (in place; returns it).
+
+    Args:
+        drafter: an ``Eagle3Drafter`` or ``PEagleDrafter`` (or an ``NgramBranch`` around one).
+        widths: the pass widths compiled (a pass of T tokens runs the smallest width >= T): 1 and
+            draft_k + 1 for an EAGLE-3 chain, up to 2 draft_k for P-EAGLE.
+        autotune: inductor's max-autotune (times GEMM kernels per shape; slower to compile).
+        backend: a ``torch.compile`` backend ("eager" compiles nothing: the tests' fast path).
+        mode: a ``torch.compile`` mode instead of the CPU settings (frozen weights, ``autotune``):
+            "reduce-overhead" on a GPU replays each width as a CUDA graph.
+        warm: compile every width now (with a progress bar) for rows of up to this many tokens
+            (prompt + max_new_tokens + draft_k + 1); the drafter must be bound to its target.
+
+    ``drafter.static = None`` undoes it; changing the weights afterwards needs a new call (inductor
+    freezes them into the graphs). The compiled passes compute what the eager ones do, in another
+    summation order: drafts can differ at near-ties, the target's output cannot (it verifies them).
+    """
+    head = getattr(drafter, "drafter", drafter)  # NgramBranch wraps a learned drafter
+    if not isinstance(head, DraftHead):
+        raise ValueError(f"drafter: compile_drafter takes an EAGLE-3 or P-EAGLE head, got {type(drafter).__name__}")
+    check_compile_args(widths, mode)
+    if warm is not None and (not isinstance(warm, int) or isinstance(warm, bool) or warm < 1):
+        raise ValueError(f"warm must be None or an integer >= 1, got {warm!r}")
+    raise_recompile_limit()
+    head.static = DraftPasses(head, widths, autotune, backend, mode)
+    if warm is not None:
+        head.static.warm(warm)
+    return drafter

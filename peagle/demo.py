@@ -244,9 +244,9 @@ def run(args: argparse.Namespace) -> int:
     prompts = encode_prompts(target, texts, chat=True)
     t_compile, compiled = time.perf_counter(), ""
     if args.compile:
-        warm_for(target, prompts, args.max_new_tokens)
-        compiled = (f"; target compiled at widths {target.static.widths} over {target.static.capacities[0]} cache "
-                    f"slots in {time.perf_counter() - t_compile:.0f} s")
+        warm_for(target, prompts, args.max_new_tokens, drafters.values())
+        compiled = (f"; target and heads compiled at widths {target.static.widths} over {target.static.capacities[0]} "
+                    f"cache slots in {time.perf_counter() - t_compile:.0f} s")
     exact = target.dtype == torch.float32
     with tqdm(total=len(specs) * (len(prompts) + 1) * (1 if exact else 2), desc="demo", unit="run", file=sys.stderr) as bar:
         results = _run_arms(target, drafters, specs, prompts, args.max_new_tokens, bar)

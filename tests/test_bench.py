@@ -363,17 +363,20 @@ def test_compile_runs_one_row_groups_compiled_and_records_it(tmp_path, capsys, m
     import peagle
 
     real = peagle.compile_target  # dynamo's "eager" backend: the same capture, none of inductor's minutes
-    made = []
+    real_head, made, heads = peagle.compile_drafter, [], []
     monkeypatch.setattr(peagle, "compile_target", lambda target, **kw: made.append(real(target, **{**kw, "backend": "eager"})) or made[-1])
+    monkeypatch.setattr(peagle, "compile_drafter",
+                        lambda head, **kw: heads.append(real_head(head, **{**kw, "backend": "eager"})) or heads[-1])
     argv = ["--quick", "--compile", "--arms", "plain,eagle3", "--draft-k", "3", "--batch-sizes", "1", "--datasets", "",
             "--prompts", str(_prompt_file(tmp_path)), "--json", "--out", str(tmp_path / "out")]
     assert bench.main(argv) == 0
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     greedy = [r for r in doc["rows"] if r["arm"] != "plain" and r["temperature"] == 0]
     assert greedy and all(r["identical_to_plain"] for r in greedy)
-    assert "target compiled at widths" in doc["meta"]["dtype_reason"]
+    assert "target and heads compiled at widths" in doc["meta"]["dtype_reason"]
     counts = made[0].static.counts
     assert counts.get(1, 0) > 0 and counts.get(4, 0) > 0  # plain steps and K=3 verifies ran compiled widths
+    assert len(heads) == 1 and heads[0].static.counts.get(1, 0) > 0  # so did the EAGLE-3 head's passes
 
 
 def _prompt_file(tmp_path):

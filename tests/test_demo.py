@@ -81,9 +81,14 @@ def test_every_drafting_arm_has_an_auto_spec_and_optional_arms_skip_silently():
 def test_demo_compile_runs_the_arms_over_the_compiled_target_and_stays_identical(capsys, monkeypatch):
     import peagle
 
-    real = peagle.compile_target  # dynamo's "eager" backend: the same capture, none of inductor's minutes
+    real, real_head = peagle.compile_target, peagle.compile_drafter  # dynamo's "eager" backend: the same
+    heads = []                                                         # capture, none of inductor's minutes
     monkeypatch.setattr(peagle, "compile_target", lambda target, **kw: real(target, **{**kw, "backend": "eager"}))
+    monkeypatch.setattr(peagle, "compile_drafter",
+                        lambda head, **kw: heads.append(real_head(head, **{**kw, "backend": "eager"})) or heads[-1])
     out = _run_demo(capsys, "--compile")
-    assert re.search(r"target compiled at widths \(1, 2, 4, 8, 16, 32\) over \d+ cache slots", out)
+    assert re.search(r"target and heads compiled at widths \(1, 2, 4, 8, 16, 32\) over \d+ cache slots", out)
     rows = _rows(out)
     assert len(rows) > 5 and all(r[-1] == "yes |" for r in rows[1:])
+    assert {type(h).__name__ for h in heads} == {"Eagle3Drafter", "PEagleDrafter"}
+    assert all(sum(h.static.counts.values()) > 0 for h in heads)  # their passes ran compiled widths

@@ -174,7 +174,8 @@ def _run(args: argparse.Namespace, checked: dict) -> int:
         heads["llamacpp"] = f"llama-cpp-python on {Path(llamacpp.gguf).name}, {threads} thread(s)"
     runner = ArmRunner(target, drafters, llamacpp=llamacpp)
     prompts = {dataset_label(d): encode_prompts(target, load_prompts(d, args.num_prompts), chat=args.chat) for d in datasets}
-    warm_for(target, [p for ids in prompts.values() for p in ids], cfg.max_new_tokens)  # --compile: compile now
+    # --compile: compile the target's and the heads' widths now
+    warm_for(target, [p for ids in prompts.values() for p in ids], cfg.max_new_tokens, drafters.values())
 
     meta = {"command": _command_line(args), "model": args.model, "dtype": str(target.dtype).replace("torch.", ""),
             "dtype_reason": getattr(target, "dtype_reason", None) or f"{str(target.dtype).replace('torch.', '')}: requested",
@@ -185,7 +186,7 @@ def _run(args: argparse.Namespace, checked: dict) -> int:
                 "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "warmup": cfg.warmup, "seed": cfg.seed,
                 "tree_nodes": list(cfg.tree_nodes), "auto_rules": list(cfg.auto_rules), "compile": args.compile}}
     if args.compile:
-        meta["dtype_reason"] += f"; target compiled at widths {target.static.widths} (--compile)"
+        meta["dtype_reason"] += f"; target and heads compiled at widths {target.static.widths} (--compile)"
     for kind, source in heads.items():
         if not source.startswith("trained") and (kind not in DRAFTERS or DRAFTERS[kind].weights):
             print(f"warning: {kind}: {source}", file=sys.stderr)

@@ -31,7 +31,8 @@ def tiny_target(seed: int = 0, dtype: torch.dtype = torch.float32) -> peagle.Tar
 def load_bench_target(model: str = "embedded", dtype: torch.dtype | str = torch.bfloat16,
                       compile: bool = False) -> peagle.Target:
     """"tiny" (:func:`tiny_target`), else any name :func:`peagle.embedded.load_target_by_name` takes.
-    compile: ``peagle.compile_target`` (max-autotune) at every decode width; see :func:`warm_for`."""
+    compile: ``peagle.compile_target`` (max-autotune) at every decode width; :func:`warm_for`
+    compiles them, and the heads."""
     target = tiny_target(dtype=dtype) if model == "tiny" else load_target_by_name(model, dtype)
     if compile:
         from peagle.static_target import DECODE_WIDTHS
@@ -40,15 +41,26 @@ def load_bench_target(model: str = "embedded", dtype: torch.dtype | str = torch.
     return target
 
 
-def warm_for(target: peagle.Target, prompts: list[list[int]], max_new_tokens: int) -> None:
+def warm_for(target: peagle.Target, prompts: list[list[int]], max_new_tokens: int, drafters=()) -> None:
     """A compiled target: compile every width now, for the longest of these calls (one capacity
-    serves them all), so that no timed call compiles. Does nothing to an eager target."""
-    if getattr(target, "static", None) is not None:
-        target.static.warm(max(len(p) for p in prompts) + max_new_tokens + 17)  # + draft_k <= 16 + 1
+    serves them all), so that no timed call compiles; and compile the EAGLE-3 / P-EAGLE heads among
+    ``drafters`` the same way (``peagle.compile_drafter``). Does nothing to an eager target."""
+    if getattr(target, "static", None) is None:
+        return
+    length = max(len(p) for p in prompts) + max_new_tokens + 17  # + draft_k <= 16 + 1
+    target.static.warm(length)
+    from peagle.drafters.head import DraftHead
+
+    for drafter in drafters:
+        head = getattr(drafter, "drafter", drafter)  # NgramBranch wraps a head
+        if isinstance(head, DraftHead) and head.static is None:
+            head.bind(target)  # warming runs its passes: they need the target's embedding table
+            peagle.compile_drafter(head, widths=target.static.widths, autotune=True, warm=length)
 
 
-COMPILE_HELP = ("compile the target's one-row decoding passes (peagle.compile_target: a static cache, inductor "
-                "max-autotune at widths 1-32, 2-3 minutes of compiling a width on a CPU)")
+COMPILE_HELP = ("compile the one-row decoding passes of the target and of the EAGLE-3 / P-EAGLE heads "
+                "(peagle.compile_target, peagle.compile_drafter: static caches, inductor max-autotune at widths 1-32, "
+                "2-3 minutes of compiling a target width on a CPU)")
 
 
 @dataclass

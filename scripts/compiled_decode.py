@@ -8,7 +8,8 @@
 Arms: plain decoding, EAGLE-3 and P-EAGLE chains at draft_k 3 and an EAGLE-3 tree of 6 nodes (pass widths
 1, 4 and 8), greedy, chat prompts from HumanEval and MT-Bench, every arm on each prompt in turn, in three
 stages: eager; the target compiled (``peagle.compile_target``); the target and both heads compiled
-(``peagle.compile_drafter``), each width compiled before timing. Writes DIR/compiled.md and
+(``peagle.compile_drafter``). Every width is compiled first; then the stages run interleaved (each arm
+on a prompt in every stage in turn), so that a drift in the machine's speed falls on all of them. Writes DIR/compiled.md and
 DIR/compiled.json: tokens/s pooled over the prompts, acceptance, drafting and verification ms per cycle,
 each arm's speed-up over plain in the same stage, and whether the outputs equal the eager ones token for
 token. Plain decoding uses no drafter, so its two compiled stages differ only by noise.
@@ -56,21 +57,39 @@ def prompts(target, n: int) -> list[list[int]]:
     return encode_prompts(target, texts, chat=True)
 
 
-def run_arms(target, drafters, ids: list[list[int]], max_new_tokens: int) -> dict:
-    """{arm: {"tokens", "seconds", "sequences", "stats"}}: a warm-up call per arm, then each prompt in turn."""
-    results = {name: {"tokens": 0, "seconds": 0.0, "sequences": [], "stats": []} for name, _, _ in ARMS}
-    for name, kind, kw in ARMS:
-        peagle.generate(target, drafters.get(kind), [ids[0]], max_new_tokens=8, **kw)
-    for p in ids:
+def set_stage(target, drafters, stage: str, compiled: dict) -> None:
+    """Eager, target compiled, or target and heads compiled: each object's compiled passes (made
+    once, in ``compiled``) attached or detached. A head picks its cache at the next call's reset."""
+    target.static = compiled["target"] if stage != "eager" else None
+    for kind, head in drafters.items():
+        head.static = compiled[kind] if stage == "both" else None
+
+
+def run_stages(target, drafters, compiled: dict, ids: list[list[int]], max_new_tokens: int, repeats: int) -> dict:
+    """{stage: {arm: {"tokens", "seconds", "sequences", "stats"}}}: a warm-up call per stage and arm,
+    then each prompt in turn, each arm on it in every stage one after the other (interleaved, so that
+    the machine's drift falls on every stage alike)."""
+    runs = {stage: {name: {"tokens": 0, "seconds": 0.0, "sequences": [], "stats": []} for name, _, _ in ARMS}
+            for stage in STAGES}
+    for stage in STAGES:
+        set_stage(target, drafters, stage, compiled)
         for name, kind, kw in ARMS:
-            start = time.perf_counter()
-            out = peagle.generate(target, drafters.get(kind), [p], max_new_tokens=max_new_tokens, timing=True, **kw)
-            r = results[name]
-            r["seconds"] += time.perf_counter() - start
-            r["tokens"] += len(out.sequences[0])
-            r["sequences"].append(out.sequences[0])
-            r["stats"].append(out.stats)
-    return results
+            peagle.generate(target, drafters.get(kind), [ids[0]], max_new_tokens=8, **kw)
+    for rep in range(repeats):
+        for p in ids:
+            for name, kind, kw in ARMS:
+                for stage in STAGES:
+                    set_stage(target, drafters, stage, compiled)
+                    start = time.perf_counter()
+                    out = peagle.generate(target, drafters.get(kind), [p], max_new_tokens=max_new_tokens, timing=True, **kw)
+                    r = runs[stage][name]
+                    r["seconds"] += time.perf_counter() - start
+                    r["tokens"] += len(out.sequences[0])
+                    r["stats"].append(out.stats)
+                    if rep == 0:
+                        r["sequences"].append(out.sequences[0])
+    set_stage(target, drafters, "both", compiled)
+    return runs
 
 
 def summarise(results: dict) -> dict:
@@ -91,7 +110,7 @@ def report(target, ids, args, how, capacity, compile_s, runs) -> list[str]:
     device = torch.cuda.get_device_name(0) if target.device.type == "cuda" else "CPU"
     settings = ", ".join(f"{k}={v!r}" for k, v in how.items())
     lines = [f"# Compiled decoding passes against eager ({device}, {str(target.dtype).replace('torch.', '')}, one row, "
-             f"{len(ids)} prompts, {args.max_new_tokens} new tokens, greedy)", "",
+             f"{len(ids)} prompts x {args.repeats}, {args.max_new_tokens} new tokens, greedy, stages interleaved)", "",
              f"`peagle.compile_target(target, widths={WIDTHS}, {settings})`: {compile_s['target']:.0f} s of compiling "
              f"over {capacity} cache slots; `peagle.compile_drafter(head, widths={WIDTHS}, {settings})` for both heads: "
              f"{compile_s['drafters']:.0f} s.", "",
@@ -122,9 +141,10 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="tiny random model on CPU, dynamo's eager backend")
     ap.add_argument("--num-prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=1, help="passes over the prompts (tokens/s pooled)")
     args = ap.parse_args(argv)
-    if args.num_prompts < 2 or args.max_new_tokens < 8:
-        raise SystemExit("--num-prompts must be >= 2 and --max-new-tokens >= 8")
+    if args.num_prompts < 2 or args.max_new_tokens < 8 or args.repeats < 1:
+        raise SystemExit("--num-prompts must be >= 2, --max-new-tokens >= 8 and --repeats >= 1")
     if not (args.cpu or args.dry_run) and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: pass --cpu to measure this CPU, or --dry-run")
     out_dir = Path(args.out)
@@ -136,17 +156,17 @@ def main(argv=None) -> int:
     ids = prompts(target, args.num_prompts)
     how = ({"backend": "eager"} if args.dry_run else {"autotune": True} if args.cpu else {"mode": "reduce-overhead"})
     length = max(len(p) for p in ids) + args.max_new_tokens + 17
-    runs, compile_s = {"eager": run_arms(target, drafters, ids, args.max_new_tokens)}, {}
-    start = time.perf_counter()
+    compile_s, start = {}, time.perf_counter()
     peagle.compile_target(target, widths=WIDTHS, **how)
     capacity = target.static.warm(length)
     compile_s["target"] = time.perf_counter() - start
-    runs["target"] = run_arms(target, drafters, ids, args.max_new_tokens)
     start = time.perf_counter()
     for head in drafters.values():
+        head.bind(target)  # warming runs the head's passes
         peagle.compile_drafter(head, widths=WIDTHS, warm=length, **how)
     compile_s["drafters"] = time.perf_counter() - start
-    runs["both"] = run_arms(target, drafters, ids, args.max_new_tokens)
+    compiled = {"target": target.static, **{kind: head.static for kind, head in drafters.items()}}
+    runs = run_stages(target, drafters, compiled, ids, args.max_new_tokens, args.repeats)
     lines = report(target, ids, args, how, capacity, compile_s, runs)
     (out_dir / "compiled.md").write_text("\n".join(lines) + "\n")
     summary = {stage: summarise(r) for stage, r in runs.items()}

@@ -41,13 +41,20 @@ class DraftPasses:
         self.capacity = StaticKVCache.STEP  # a new row's capacity: the largest one compiled so far
         self.counts: dict[int, int] = {}
         # CUDA graphs replay into the same output buffers; EAGLE-3 feeds a pass's output to the next.
-        self._copy_outputs = mode is not None and "reduce-overhead" in mode
+        self._copy_outputs = self._cuda_graphs = mode is not None and "reduce-overhead" in mode
+        self.pool: dict = {}  # capacity -> cache buffers, reused by every call (StaticKVCache)
         self._inductor = inductor_settings(backend, mode, autotune)
         self._layers = torch.compile(self._run_over, dynamic=False, backend=backend, mode=mode)
 
     def _run_over(self, tokens, hidden, positions, lens, keys, values) -> torch.Tensor:
         # The cache's tensors come in as arguments: read off an object, dynamo guards on their identity.
         return self.head.run_layers(tokens, hidden, positions, cache=StaticKVCache.over(lens, keys, values))
+
+    def new_cache(self) -> StaticKVCache:
+        """A one-row cache over this head's buffers, starting at the largest capacity compiled."""
+        p, c = self.head.norm.weight, self.head.config
+        return StaticKVCache(len(self.head.layers), 1, c.num_key_value_heads, c.head_dim, p.device, p.dtype,
+                             capacity=self.capacity, pool=self.pool, static_addresses=self._cuda_graphs)
 
     def width(self, T: int) -> int:
         """The width a pass of T tokens runs at: the smallest compiled width >= T, else T (eager)."""
@@ -78,7 +85,8 @@ class DraftPasses:
 
     def warm(self, length: int, progress: bool = True) -> int:
         """Compile every width now for rows of up to ``length`` tokens, so that no timed call pays
-        for compiling; new rows then start at that capacity. Returns the capacity."""
+        for compiling; new rows then start at that capacity. Returns the capacity. (It writes past
+        the length of a row decoding now: call it between calls.)"""
         from tqdm.auto import tqdm
 
         head = self.head
@@ -90,8 +98,7 @@ class DraftPasses:
         try:
             for w in tqdm(self.widths, desc=f"compiling the drafter's pass widths ({self.capacity} slots)",
                           unit="width", disable=not progress):
-                head.cache = StaticKVCache(len(head.layers), 1, c.num_key_value_heads, c.head_dim, p.device, p.dtype,
-                                           capacity=self.capacity)
+                head.cache = self.new_cache()  # the buffers every later call writes into
                 ids = torch.zeros(1, w, dtype=torch.long, device=p.device)
                 hidden = torch.zeros(1, w, c.hidden_size, dtype=p.dtype, device=p.device)
                 with torch.no_grad():

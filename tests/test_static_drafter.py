@@ -72,11 +72,14 @@ def test_compiled_passes_draft_what_the_eager_head_drafts(kind, backend="eager")
     recorder = Recorder(head)
     peagle.generate(target, recorder, [PROMPT], max_new_tokens=NEW, draft_k=3)
     assert max(int(step.num_new) for step, _ in recorder.steps[1:]) > 1  # cycles accepted drafts
-    peagle.compile_drafter(twin, widths=(1, 4, 8), backend=backend)
-    twin.reset(1)
-    with torch.no_grad():
-        drafts = [twin.draft(step, k).tokens for step, k in recorder.steps]
-    assert all(torch.equal(a, b) for a, b in zip(drafts, recorder.drafts))
+    # warm compiles over a cache of its own; the calls after it must still read and write theirs
+    # (inductor's frozen graphs keep the tensors they were compiled with)
+    peagle.compile_drafter(twin, widths=(1, 4, 8), backend=backend, warm=64)
+    for _ in range(2):  # a second call starts a new cache
+        twin.reset(1)
+        with torch.no_grad():
+            drafts = [twin.draft(step, k).tokens for step, k in recorder.steps]
+        assert all(torch.equal(a, b) for a, b in zip(drafts, recorder.drafts))
     assert isinstance(twin.cache, StaticKVCache) and torch.equal(twin.cache.lens, head.cache.lens)
     n = int(head.cache.lens[0])
     for a, b in zip(twin.cache.k + twin.cache.v, head.cache.k + head.cache.v):  # the context's keys and values
@@ -112,6 +115,16 @@ def test_undoing_compile_drafter_restores_the_eager_cache():
     head.static = None
     head.reset(1)
     assert type(head.cache) is KVCache
+
+
+def test_every_call_of_a_compiled_head_writes_into_the_same_buffers():
+    target = peagle.Target(tiny_model("llama"))
+    head = peagle.compile_drafter(random_head("peagle", target), backend="eager", warm=100)
+    head.reset(1)
+    first = head.cache.k + head.cache.v
+    head.reset(1)
+    assert all(a is b for a, b in zip(first, head.cache.k + head.cache.v))
+    assert head.static.pool[256][0][0] is first[0]
 
 
 def test_the_static_cache_grows_by_powers_of_two_keeping_its_entries():

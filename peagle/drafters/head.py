@@ -120,7 +120,7 @@ class DraftHead(nn.Module, DrafterBase):
         p = self.norm.weight
         shape = (len(self.layers), batch_size, self.config.num_key_value_heads, self.config.head_dim, p.device, p.dtype)
         if self.static is not None and batch_size == 1:  # compiled passes: one row, no host reads
-            self.cache = StaticKVCache(*shape, capacity=self.static.capacity)
+            self.cache = self.static.new_cache()
         else:
             self.cache = KVCache(*shape)
 

@@ -100,18 +100,33 @@ class StaticKVCache(KVCache):
       says; entries past num_new land past the new length and are overwritten by the next pass.
     * The capacity (256 x 2^i slots) grows in ``reserve``, outside compiled code, from a host-side
       upper bound on the lengths; the device is read only when that bound nears the capacity.
-
-    Buffers are marked as static addresses, so CUDA graphs may write into them.
+    * Buffers come from ``pool`` (capacity -> buffers), shared by every cache of one compiled head:
+      each call's cache writes into the same tensors. A compiled graph may hold on to the tensors
+      it was compiled with (inductor's frozen graphs do, and CUDA graphs replay at fixed addresses),
+      so a new cache must not bring new ones. One row decodes at a time per pool.
     """
 
     STEP = 256  # capacities are STEP x 2^i: each capacity is one more compiled graph per width
     HEADROOM = 64  # slots past the longest row a new capacity keeps free (the widest decode pass)
 
     def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int, device, dtype,
-                 capacity: int = STEP):
-        super().__init__(num_layers, batch_size, num_kv_heads, head_dim, device, dtype, capacity)
+                 capacity: int = STEP, pool: dict | None = None, static_addresses: bool = False):
+        self._shape = (num_layers, batch_size, num_kv_heads, head_dim, device, dtype)
+        self.pool = {} if pool is None else pool
+        self.static_addresses = static_addresses  # marked for CUDA graphs (torch._dynamo.mark_static_address)
+        self.k, self.v = self._buffers(capacity)
+        self.lens = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.bound = 0  # host-side: no row is longer than this
-        self._mark_static()
+
+    def _buffers(self, capacity: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        if capacity not in self.pool:
+            layers, B, H, D, device, dtype = self._shape
+            bufs = [[torch.zeros(B, H, capacity, D, device=device, dtype=dtype) for _ in range(layers)] for _ in "kv"]
+            if self.static_addresses:
+                for t in bufs[0] + bufs[1]:
+                    torch._dynamo.mark_static_address(t)
+            self.pool[capacity] = tuple(bufs)
+        return self.pool[capacity]
 
     @classmethod
     def over(cls, lens: torch.Tensor, k: list[torch.Tensor], v: list[torch.Tensor]) -> "StaticKVCache":
@@ -132,10 +147,6 @@ class StaticKVCache(KVCache):
             capacity *= 2
         return capacity
 
-    def _mark_static(self) -> None:
-        for t in self.k + self.v:
-            torch._dynamo.mark_static_address(t)
-
     def reserve(self, T: int, room: int | None = None) -> None:
         """Before a pass of T tokens written over ``room`` slots (default T; more when padded) at
         every row's end: grow if they might not fit (call outside compiled code)."""
@@ -143,10 +154,11 @@ class StaticKVCache(KVCache):
         if self.bound + room > self.capacity:
             self.bound = int(self.lens.max())  # the one host read, and only near the capacity
             if self.bound + room > self.capacity:
-                pad = (0, 0, 0, self.capacity_for(self.bound + room) - self.capacity)
-                self.k = [F.pad(t, pad) for t in self.k]
-                self.v = [F.pad(t, pad) for t in self.v]
-                self._mark_static()
+                old = self.capacity
+                k, v = self._buffers(self.capacity_for(self.bound + room))
+                for new, cur in zip(k + v, self.k + self.v):
+                    new[:, :, :old] = cur
+                self.k, self.v = k, v
         self.bound += T
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, num_new: torch.Tensor) -> None:
@@ -164,8 +176,9 @@ class StaticKVCache(KVCache):
         self.bound -= n
 
     def select(self, index: torch.Tensor) -> None:
-        super().select(index)
-        self._mark_static()
+        if index.tolist() == list(range(self.lens.shape[0])):
+            return  # every row stays: keep the pool's buffers
+        super().select(index)  # new tensors, outside the pool (a batch shrinking: no compiled pass follows)
 
 
 class Attention(nn.Module):

@@ -1,9 +1,10 @@
 """A draft head whose one-row passes run compiled: the drafter's half of ``compile_target``.
 
-Why: a head's pass is a few small matmuls and a hundred small operators; eagerly, on a CPU, their
-dispatch costs about as much as their arithmetic (an EAGLE-3 chain of 3 drafts took 18 ms a cycle
-on an AVX2 EPYC, a fifth of the cycle once the target was compiled). Compiled, the pass is a few
-fused kernels. A compiled graph needs fixed shapes and no host reads, so:
+Why: at the loop's shapes a head's pass is a few small matrix products and about a hundred small
+operators. On a GPU their launches dominate and CUDA graphs replay them as one; on a CPU inductor
+fuses the small ones (on an AVX2 EPYC drafting a cycle took 14-24% less; reading the weights is most
+of what is left there: docs/results.md, "Compiled passes in the loop"). A compiled graph needs fixed
+shapes and no host reads, so:
 
 * one row's KV cache is a ``StaticKVCache``: attention reads the whole buffer and masks slots past
   the row's length, writes scatter a pass's entries after it, and the capacity (256 x 2^i slots)
@@ -18,7 +19,7 @@ tokens + 1 (at most draft_k + 1); a P-EAGLE pass is those tokens + draft_k - 1 m
 2 draft_k).
 
     drafter = peagle.Eagle3Drafter.from_pretrained("eagle3", target=target)
-    peagle.compile_drafter(drafter, widths=(1, 4), warm=512)
+    peagle.compile_drafter(drafter, widths=(1, 4), warm=512, target=target)
     peagle.generate(target, drafter, prompt, draft_k=3)
 """
 from __future__ import annotations
@@ -91,7 +92,8 @@ class DraftPasses:
 
         head = self.head
         if head.embed_tokens is None and head._target_embed is None:
-            raise ValueError("drafter: bind it to its target first (drafter.bind(target), or load it with target=)")
+            raise ValueError("warm: the head is not bound to a target yet: pass target= to compile_drafter "
+                             "(or call drafter.bind(target) first)")
         p, c = head.norm.weight, head.config
         self.capacity = max(self.capacity, StaticKVCache.capacity_for(length))
         saved = head.cache
@@ -118,7 +120,7 @@ def _pad_to(x: torch.Tensor, width: int, fill) -> torch.Tensor:
 
 
 def compile_drafter(drafter, widths: Sequence[int] = (1, 2, 4, 8), *, autotune: bool = False,
-                    backend: str = "inductor", mode: str | None = None, warm: int | None = None):
+                    backend: str = "inductor", mode: str | None = None, warm: int | None = None, target=None):
     """Make an EAGLE-3 or P-EAGLE head's one-row passes run compiled (in place; returns it).
 
     Args:
@@ -130,7 +132,9 @@ def compile_drafter(drafter, widths: Sequence[int] = (1, 2, 4, 8), *, autotune: 
         mode: a ``torch.compile`` mode instead of the CPU settings (frozen weights, ``autotune``):
             "reduce-overhead" on a GPU replays each width as a CUDA graph.
         warm: compile every width now (with a progress bar) for rows of up to this many tokens
-            (prompt + max_new_tokens + draft_k + 1); the drafter must be bound to its target.
+            (prompt + max_new_tokens + draft_k + 1); it runs the head's passes, so the head must be
+            bound to its target: pass ``target`` (``generate()`` binds it too, on every call).
+        target: bind the head to this ``peagle.Target`` first.
 
     ``drafter.static = None`` undoes it; changing the weights afterwards needs a new call (inductor
     freezes them into the graphs). The compiled passes compute what the eager ones do, in another
@@ -143,6 +147,8 @@ def compile_drafter(drafter, widths: Sequence[int] = (1, 2, 4, 8), *, autotune: 
     if warm is not None and (not isinstance(warm, int) or isinstance(warm, bool) or warm < 1):
         raise ValueError(f"warm must be None or an integer >= 1, got {warm!r}")
     raise_recompile_limit()
+    if target is not None:
+        head.bind(target)
     head.static = DraftPasses(head, widths, autotune, backend, mode)
     if warm is not None:
         head.static.warm(warm)

@@ -162,8 +162,7 @@ def main(argv=None) -> int:
     compile_s["target"] = time.perf_counter() - start
     start = time.perf_counter()
     for head in drafters.values():
-        head.bind(target)  # warming runs the head's passes
-        peagle.compile_drafter(head, widths=WIDTHS, warm=length, **how)
+        peagle.compile_drafter(head, widths=WIDTHS, warm=length, target=target, **how)
     compile_s["drafters"] = time.perf_counter() - start
     compiled = {"target": target.static, **{kind: head.static for kind, head in drafters.items()}}
     runs = run_stages(target, drafters, compiled, ids, args.max_new_tokens, args.repeats)

@@ -161,9 +161,16 @@ def test_an_ngram_branch_compiles_its_head_and_warm_leaves_the_cache_alone():
     assert head.cache.capacity == 512  # new rows start at the warmed capacity
 
 
+def test_target_binds_an_unbound_head_before_warming():
+    target = peagle.Target(tiny_model("llama"))
+    head = peagle.Eagle3Drafter(peagle.DrafterConfig.for_target(target, num_layers=1))
+    peagle.compile_drafter(head, widths=(1, 4), backend="eager", warm=64, target=target)
+    assert head.static.counts == {1: 0, 4: 0}
+
+
 @pytest.mark.parametrize("drafter, kw, match", [
     ("head", {"widths": ()}, "widths"), ("head", {"widths": (0, 4)}, "widths"), ("head", {"mode": "fast"}, "mode"),
-    ("head", {"warm": 0}, "warm"), ("ngram", {}, "drafter"), ("unbound", {"warm": 64}, "bind"),
+    ("head", {"warm": 0}, "warm"), ("ngram", {}, "drafter"), ("unbound", {"warm": 64}, "target="),
 ])
 def test_bad_arguments_name_themselves(drafter, kw, match):
     target = peagle.Target(tiny_model("llama"))

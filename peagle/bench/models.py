@@ -54,8 +54,7 @@ def warm_for(target: peagle.Target, prompts: list[list[int]], max_new_tokens: in
     for drafter in drafters:
         head = getattr(drafter, "drafter", drafter)  # NgramBranch wraps a head
         if isinstance(head, DraftHead) and head.static is None:
-            head.bind(target)  # warming runs its passes: they need the target's embedding table
-            peagle.compile_drafter(head, widths=target.static.widths, autotune=True, warm=length)
+            peagle.compile_drafter(head, widths=target.static.widths, autotune=True, warm=length, target=target)
 
 
 COMPILE_HELP = ("compile the one-row decoding passes of the target and of the EAGLE-3 / P-EAGLE heads "

@@ -39,10 +39,10 @@ class DraftPasses:
     def __init__(self, head: DraftHead, widths: Sequence[int], autotune: bool, backend: str, mode: str | None):
         self.head = head
         self.widths = tuple(sorted(set(widths)))
-        self.capacity = StaticKVCache.STEP  # a new row's capacity: the largest one compiled so far
         self.counts: dict[int, int] = {}
-        # CUDA graphs replay into the same output buffers; EAGLE-3 feeds a pass's output to the next.
-        self._copy_outputs = self._cuda_graphs = mode is not None and "reduce-overhead" in mode
+        # CUDA graphs replay into the same output buffers (EAGLE-3 feeds a pass's output to the next)
+        # and at fixed addresses (the cache's buffers are marked static).
+        self._cuda_graphs = mode is not None and "reduce-overhead" in mode
         self.pool: dict = {}  # capacity -> cache buffers, reused by every call (StaticKVCache)
         self._inductor = inductor_settings(backend, mode, autotune)
         self._layers = torch.compile(self._run_over, dynamic=False, backend=backend, mode=mode)
@@ -51,11 +51,16 @@ class DraftPasses:
         # The cache's tensors come in as arguments: read off an object, dynamo guards on their identity.
         return self.head.run_layers(tokens, hidden, positions, cache=StaticKVCache.over(lens, keys, values))
 
-    def new_cache(self) -> StaticKVCache:
-        """A one-row cache over this head's buffers, starting at the largest capacity compiled."""
+    @property
+    def capacity(self) -> int:
+        """A new row's capacity: the largest one allocated so far (by ``warm`` or a growing row)."""
+        return max(self.pool, default=StaticKVCache.STEP)
+
+    def new_cache(self, capacity: int | None = None) -> StaticKVCache:
+        """A one-row cache over this head's buffers, at ``capacity`` (default ``self.capacity``)."""
         p, c = self.head.norm.weight, self.head.config
         return StaticKVCache(len(self.head.layers), 1, c.num_key_value_heads, c.head_dim, p.device, p.dtype,
-                             capacity=self.capacity, pool=self.pool, static_addresses=self._cuda_graphs)
+                             capacity=capacity or self.capacity, pool=self.pool, static_addresses=self._cuda_graphs)
 
     def width(self, T: int) -> int:
         """The width a pass of T tokens runs at: the smallest compiled width >= T, else T (eager)."""
@@ -67,7 +72,6 @@ class DraftPasses:
         T = tokens.shape[1]
         padded = self.width(T)
         cache = self.head.cache
-        self.capacity = max(self.capacity, cache.capacity)
         if padded not in self.widths:
             return self.head.run_layers(tokens, hidden, positions)
         self.counts[padded] = self.counts.get(padded, 0) + 1
@@ -82,7 +86,7 @@ class DraftPasses:
         with inductor_config.patch(self._inductor):  # compiling happens inside a width's first call
             out = self._layers(tokens, hidden, positions, cache.lens, cache.k, cache.v)
         out = out[:, :T]
-        return out.clone() if self._copy_outputs else out
+        return out.clone() if self._cuda_graphs else out
 
     def warm(self, length: int, progress: bool = True) -> int:
         """Compile every width now for rows of up to ``length`` tokens, so that no timed call pays
@@ -95,12 +99,12 @@ class DraftPasses:
             raise ValueError("warm: the head is not bound to a target yet: pass target= to compile_drafter "
                              "(or call drafter.bind(target) first)")
         p, c = head.norm.weight, head.config
-        self.capacity = max(self.capacity, StaticKVCache.capacity_for(length))
+        capacity = max(self.capacity, StaticKVCache.capacity_for(length))
         saved = head.cache
         try:
-            for w in tqdm(self.widths, desc=f"compiling the drafter's pass widths ({self.capacity} slots)",
+            for w in tqdm(self.widths, desc=f"compiling the drafter's pass widths ({capacity} slots)",
                           unit="width", disable=not progress):
-                head.cache = self.new_cache()  # the buffers every later call writes into
+                head.cache = self.new_cache(capacity)  # the buffers every later call writes into
                 ids = torch.zeros(1, w, dtype=torch.long, device=p.device)
                 hidden = torch.zeros(1, w, c.hidden_size, dtype=p.dtype, device=p.device)
                 with torch.no_grad():
@@ -108,7 +112,7 @@ class DraftPasses:
                 self.counts[w] -= 1  # not a decoding pass
         finally:
             head.cache = saved
-        return self.capacity
+        return capacity
 
 
 def _pad_to(x: torch.Tensor, width: int, fill) -> torch.Tensor:

@@ -117,12 +117,12 @@ class DraftHead(nn.Module, DrafterBase):
         return table(tokens)
 
     def new_cache(self, batch_size: int) -> None:
-        p = self.norm.weight
-        shape = (len(self.layers), batch_size, self.config.num_key_value_heads, self.config.head_dim, p.device, p.dtype)
         if self.static is not None and batch_size == 1:  # compiled passes: one row, no host reads
             self.cache = self.static.new_cache()
-        else:
-            self.cache = KVCache(*shape)
+            return
+        p = self.norm.weight
+        self.cache = KVCache(len(self.layers), batch_size, self.config.num_key_value_heads,
+                             self.config.head_dim, p.device, p.dtype)
 
     @property
     def attention_window(self) -> int | None:

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import peagle
-from peagle.drafters.ngram_branch import branch_first, splice
+from peagle.drafters.ngram import lookup
+from peagle.drafters.ngram_branch import branch_first, padded, splice
 from peagle.tree import tree_from_nodes
 from tiny_models import hf_greedy, tiny_model
 
@@ -87,12 +88,118 @@ def test_the_branch_is_accepted_where_the_learned_tree_is_not():
     assert out.stats.accepted_tokens > 0  # greedy continuations of a random model repeat themselves
 
 
-def test_without_a_tree_it_drafts_the_wrapped_chain():
-    target, reference = setup("llama")
-    inner = peagle.Eagle3Drafter(peagle.DrafterConfig.for_target(target, num_layers=1))
-    a = peagle.generate(target, inner, PROMPTS, draft_k=3, max_new_tokens=20)
-    b = peagle.generate(target, peagle.NgramBranch(inner), PROMPTS, draft_k=3, max_new_tokens=20)
-    assert a.sequences == b.sequences and a.stats.accepted_per_cycle == b.stats.accepted_per_cycle
+def test_padded_repeats_the_last_token():
+    assert padded([1, 7, 8, 9, 10], 4) == [1, 7, 8, 9]
+    assert padded([1, 7], 4) == [1, 7, 7, 7]  # as NgramDrafter pads
+
+
+class LookupFirstDrafter(peagle.drafters.base.DrafterBase):
+    """A chain drafter right at most at its first token: the lookup's first token (else the last
+    token), then tokens no continuation has (last token + 1 (mod V), repeated)."""
+
+    def __init__(self, vocab_size):
+        self.vocab_size = vocab_size
+
+    def draft(self, step, draft_k):
+        rows = []
+        for seq, n in zip(step.history.tolist(), step.history_lens.tolist()):
+            follow = lookup(seq[:n], 1, 3, 1)
+            rows.append([follow[0] if follow else seq[n - 1]] + [(seq[n - 1] + 1) % self.vocab_size] * (draft_k - 1))
+        return peagle.Draft(torch.tensor(rows, device=step.tokens.device))
+
+    def draft_tree(self, step, depth, config):
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_chains_without_a_tree_match_plain(arch):
+    target, reference = setup(arch)
+    for inner in (peagle.Eagle3Drafter(peagle.DrafterConfig.for_target(target, num_layers=1)),
+                  peagle.PEagleDrafter(peagle.DrafterConfig.for_target(target, num_layers=1)),
+                  LookupFirstDrafter(target.vocab_size)):
+        out = peagle.generate(target, peagle.NgramBranch(inner), PROMPTS, draft_k=5, max_new_tokens=41)
+        assert out.sequences == reference, (arch, type(inner).__name__)
+
+
+def test_the_continuation_takes_over_the_rows_that_have_one():
+    model = tiny_model("qwen3")  # its greedy continuations fall into runs within 120 tokens
+    target, reference = peagle.Target(model), [hf_greedy(model, p, 120) for p in PROMPTS]
+    inner = LookupFirstDrafter(target.vocab_size)
+    alone = peagle.generate(target, inner, PROMPTS, draft_k=5, max_new_tokens=120)
+    out = peagle.generate(target, peagle.NgramBranch(inner, min_ngram=1), PROMPTS, draft_k=5, max_new_tokens=120)
+    assert alone.sequences == out.sequences == reference
+    assert max(map(max, alone.stats.accepted_per_cycle)) <= 1  # only the first token can be right alone
+    assert out.stats.accepted_tokens > alone.stats.accepted_tokens  # the continuation ran on
+    assert max(map(max, out.stats.accepted_per_cycle)) > 1
+
+
+class SampledChainDrafter(peagle.drafters.base.DrafterBase):
+    """Samples its first token uniformly from ``first`` and later ones uniformly from ``later``."""
+
+    def __init__(self, vocab_size, first, later):
+        self.vocab_size, self.first, self.later = vocab_size, first, later
+
+    def draft(self, step, draft_k):
+        B = step.tokens.shape[0]
+        probs = torch.zeros(B, draft_k, self.vocab_size)
+        probs[:, 0, self.first] = 1.0 / len(self.first)
+        probs[:, 1:, self.later] = 1.0 / len(self.later)
+        tokens = torch.multinomial(probs.view(-1, self.vocab_size), 1, generator=step.generator).view(B, draft_k)
+        return peagle.Draft(tokens, probs)
+
+    def draft_tree(self, step, depth, config):
+        raise NotImplementedError
+
+
+def exact_third_token(model, prompt, temperature):
+    """P(t3) = sum over t1, t2 of P(t1) P(t2 | t1) P(t3 | t1, t2) under temperature sampling."""
+    V = model.config.vocab_size
+    with torch.no_grad():
+        p1 = (model(torch.tensor([prompt])).logits[0, -1] / temperature).softmax(-1)
+        p2 = (model(torch.tensor([prompt + [t] for t in range(V)])).logits[:, -1] / temperature).softmax(-1)
+        p3 = torch.zeros(V)
+        for t1 in range(V):
+            batch = torch.tensor([prompt + [t1, t2] for t2 in range(V)])
+            p3 += p1[t1] * (p2[t1] @ (model(batch).logits[:, -1] / temperature).softmax(-1))
+    return p3
+
+
+TEMPERATURE = 0.2
+
+
+def test_sampled_chains_keep_the_target_distribution(monkeypatch):
+    from test_sampling_e2e import PROMPT, exact_second_token
+
+    model = tiny_model("llama")  # a low temperature: the first token is accepted in most rows that
+    # the continuation takes over, so a wrong q at the taken-over position shows in t3
+    target = peagle.Target(model)
+    second = exact_second_token(model, TEMPERATURE).topk(2).indices.tolist()
+    third = exact_third_token(model, PROMPT, TEMPERATURE)
+    V = target.vocab_size
+    inner = SampledChainDrafter(V, second, list(range(V)))
+    # A continuation in the rows whose first token t1 is even (the head's chain in the others): t2's
+    # mode, then the second most likely t3 after (t1, t2's mode). Taken with q = 1 the t3 is accepted
+    # with probability p; with the head's q = 1 / V (the wrong q) almost always.
+    with torch.no_grad():
+        after = model(torch.tensor([PROMPT + [t1, second[0]] for t1 in range(V)])).logits[:, -1]
+    runner_up = after.topk(2).indices[:, 1].tolist()
+
+    def lookup(seq, k, *args):
+        t1 = seq[len(PROMPT)]
+        return [second[0], runner_up[t1]][:k] if t1 % 2 == 0 else []
+
+    monkeypatch.setattr("peagle.drafters.ngram_branch.lookup", lookup)
+    n = 20_000
+    # 4 tokens: the prefill emits the first, one chain cycle of 2 drafts the second and third
+    out = peagle.generate(target, peagle.NgramBranch(inner), [PROMPT] * n, draft_k=2, max_new_tokens=4,
+                          temperature=TEMPERATURE, seed=13)
+    assert out.stats.accepted_tokens > n // 100
+    g = torch.Generator().manual_seed(0)
+    for pos, exact in ((1, exact_second_token(model, TEMPERATURE)), (2, third)):
+        emitted = torch.bincount(torch.tensor([s[pos] for s in out.sequences]), minlength=exact.numel()).float() / n
+        null = [0.5 * (torch.bincount(torch.multinomial(exact, n, True, generator=g), minlength=exact.numel()).float()
+                       / n - exact).abs().sum().item() for _ in range(20)]
+        assert 0.5 * (emitted - exact).abs().sum().item() < 1.5 * max(null), pos
 
 
 def test_sampled_tree_with_a_branch_keeps_the_target_distribution(monkeypatch):

@@ -47,7 +47,7 @@ class Arm:
     drafts: bool = False  # takes a draft_k
     auto: bool = True  # a drafting arm that also takes draft_k="auto"
     tree: bool = False  # a dynamic tree, draft_k deep, ArmSpec.tree_nodes nodes (or "auto": TreeSizePolicy)
-    ngram_branch: bool = False  # tree arms: peagle.NgramBranch adds the n-gram continuation to the drafter's tree
+    ngram_branch: bool = False  # peagle.NgramBranch adds the n-gram continuation to the drafter's tree or chain
     default: bool = True  # run by `peagle bench` without --arms (optional heads and peers only on request)
     demo: DemoPlan | None = None  # shown by `peagle demo`
 
@@ -78,6 +78,10 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
         ngram_branch=True, default=False, demo=DemoPlan(5, tree_depth=7)),
     Arm("eagle3_tree_ngram", "EAGLE-3 tree + n-gram", "deeppink", "peagle", "eagle3", drafts=True, tree=True,
         ngram_branch=True, default=False, demo=DemoPlan(6, tree_depth=7)),
+    Arm("peagle_ngram", "P-EAGLE + n-gram", "yellowgreen", "peagle", "peagle", drafts=True, ngram_branch=True,
+        default=False),
+    Arm("eagle3_ngram", "EAGLE-3 + n-gram", "coral", "peagle", "eagle3", drafts=True, ngram_branch=True,
+        default=False),
     Arm("dflash", "DFlash", "tab:blue", "peagle", "dflash", drafts=True, default=False, demo=DemoPlan(8)),
     Arm("llamacpp", "llama.cpp", "tab:cyan", "llamacpp", default=False),
     Arm("llamacpp_prompt_lookup", "llama.cpp prompt lookup", "black", "llamacpp", drafts=True, auto=False,

@@ -17,7 +17,14 @@ the history a cycle).
     peagle.generate(target, drafter, prompts, draft_k=7, tree=peagle.TreeConfig(num_nodes="auto"))
 
 draft_k is the tree's depth, the n-gram branch's longest; the learned part is ``learned_depth`` deep.
-Without a tree (``generate(tree=None)``) it drafts the wrapped drafter's chain unchanged.
+
+Without a tree (``generate(tree=None)``) a cycle verifies one chain, so only one proposal can stand:
+the n-gram continuation in the rows where the context's last ``min_ngram``..``max_ngram`` tokens
+occurred before, the wrapped drafter's chain in the others. On the decoding sets measured
+(docs/results.md, "Prompt lookup in a chain") a 2-3-token match predicts the next tokens better
+than the heads do, and the head keeps the rows with nothing to copy. The choice depends only on the
+history, so under sampling the chain's q is one-hot in the rows the continuation took and the
+head's in the others: the verifier stays exact.
 """
 from __future__ import annotations
 
@@ -58,7 +65,23 @@ class NgramBranch:
         self.drafter.select_rows(index)
 
     def draft(self, step: DraftStep, draft_k: int) -> Draft:
-        return self.drafter.draft(step, draft_k)
+        """The n-gram continuation [draft_k] in the rows that have one, the wrapped drafter's chain in
+        the others (see the module docstring)."""
+        draft = self.drafter.draft(step, draft_k)  # every row: the head absorbs the new context
+        follows = {b: lookup(seq[:n], draft_k, self.max_ngram, self.min_ngram)
+                   for b, (seq, n) in enumerate(zip(step.history.tolist(), step.history_lens.tolist()))}
+        took = [b for b, follow in follows.items() if follow]
+        if not took:
+            return draft
+        tokens = draft.tokens.clone()
+        rows = torch.tensor(took, device=tokens.device)
+        tokens[rows] = torch.tensor([padded(follows[b], draft_k) for b in took], dtype=tokens.dtype,
+                                    device=tokens.device)
+        probs = draft.probs
+        if probs is not None:  # sampling: the continuation's tokens were proposed with certainty
+            probs = probs.clone()
+            probs[rows] = torch.zeros_like(probs[rows]).scatter_(-1, tokens[rows, :, None].to(probs.device), 1.0)
+        return Draft(tokens, probs)
 
     def draft_tree(self, step: DraftStep, depth: int, config: TreeConfig) -> DraftTree:
         """The wrapped drafter's tree (``min(depth, learned_depth)`` deep) with each row's n-gram
@@ -74,6 +97,11 @@ class NgramBranch:
         if not changed:
             return tree
         return tree_from_nodes(rows, tree.tokens[:, 0], tree.tokens.device)
+
+
+def padded(follow: list[int], k: int) -> list[int]:
+    """The first k tokens of ``follow``, its last token repeated past its end (as ``NgramDrafter`` pads)."""
+    return follow[:k] + [follow[-1]] * (k - len(follow))
 
 
 def splice(nodes: list[tuple[int, int]], follow: list[int]) -> tuple[list[tuple[int, int]], list[int]]:

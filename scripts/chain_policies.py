@@ -1,0 +1,120 @@
+"""Which chain should a cycle verify when a learned head and prompt lookup both propose one?
+
+Decodes prompts greedily with each head alone, prompt lookup alone, and ``NgramBranch`` chains under
+several rules for choosing between the two proposals, and prints tokens per target pass for each
+(set, head, rule). Acceptance only: fp32 greedy, so every rule's output equals plain decoding.
+
+    python scripts/chain_policies.py --sets runs/unseen_writing.jsonl,runs/unseen_code_tasks.jsonl,humaneval,mtbench \
+        --start 8 --num 16 --draft-k 7 --max-new-tokens 48
+
+Rules (``learned`` = the head's chain, ``follow`` = the lookup's continuation, ``n`` = its match length):
+  agree      the head's chain; the lookup takes over after an agreeing first token
+  lookup     the lookup's continuation whenever there is one, else the head's chain (NgramBranch's rule)
+  agree|n>=N the lookup when it matched N or more tokens, else ``agree``
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+import peagle
+from peagle.bench.models import load_bench_target, load_head
+from peagle.drafters.base import Draft
+from peagle.evalsets import dataset_label, load_prompts
+from peagle.prompts import encode_prompts
+
+
+def lookup_with_length(seq: list[int], k: int, max_ngram: int, min_ngram: int) -> tuple[list[int], int]:
+    """peagle.drafters.ngram.lookup that also says how many tokens matched (0: none)."""
+    for n in range(min(max_ngram, len(seq) - 1), min_ngram - 1, -1):
+        tail = seq[-n:]
+        for start in range(len(seq) - n - 1, -1, -1):
+            if seq[start:start + n] == tail:
+                return seq[start + n:start + n + k], n
+    return [], 0
+
+
+def follow_chain(learned: list[int], follow: list[int]) -> list[int]:
+    """``learned`` with ``follow`` taking over from its second token when both start with the same token."""
+    k = len(learned)
+    if len(follow) < 2 or follow[0] != learned[0] or follow == learned[:len(follow)]:
+        return learned
+    return follow[:k] + [follow[-1]] * (k - len(follow[:k]))
+
+
+def choose(rule: str, learned: list[int], follow: list[int], n: int) -> list[int]:
+    k = len(learned)
+    padded = (follow[:k] + [follow[-1]] * (k - len(follow))) if follow else learned
+    if rule == "agree":
+        return follow_chain(learned, follow)
+    if rule == "lookup":
+        return padded
+    if rule.startswith("agree|n>="):
+        return padded if follow and n >= int(rule.split(">=")[1]) else follow_chain(learned, follow)
+    raise ValueError(f"unknown rule {rule!r}")
+
+
+class RuleChain(peagle.drafters.base.DrafterBase):
+    """A head's chain and the lookup's continuation, combined by ``rule`` (greedy only)."""
+
+    def __init__(self, head, rule: str, max_ngram: int, min_ngram: int):
+        self.head, self.rule, self.max_ngram, self.min_ngram = head, rule, max_ngram, min_ngram
+        self.max_draft_k = head.max_draft_k
+
+    def bind(self, target):
+        self.head.bind(target)
+
+    def reset(self, batch_size):
+        self.head.reset(batch_size)
+
+    def select_rows(self, index):
+        self.head.select_rows(index)
+
+    def draft(self, step, draft_k):
+        draft = self.head.draft(step, draft_k)
+        rows = []
+        for learned, seq, n in zip(draft.tokens.tolist(), step.history.tolist(), step.history_lens.tolist()):
+            follow, matched = lookup_with_length(seq[:n], draft_k, self.max_ngram, self.min_ngram)
+            rows.append(choose(self.rule, learned, follow, matched))
+        return Draft(torch.tensor(rows, dtype=draft.tokens.dtype, device=draft.tokens.device))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sets", default="humaneval,mtbench", help="comma list: humaneval, mtbench or JSONL files")
+    ap.add_argument("--start", type=int, default=0, help="skip this many prompts of each set")
+    ap.add_argument("--num", type=int, default=8, help="prompts per set")
+    ap.add_argument("--heads", default="eagle3,peagle")
+    ap.add_argument("--rules", default="agree,lookup,agree|n>=3")
+    ap.add_argument("--max-ngram", type=int, default=3)
+    ap.add_argument("--min-ngram", type=int, default=2)
+    ap.add_argument("--draft-k", type=int, default=7)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    target = load_bench_target("embedded", torch.float32)
+    heads = {k: load_head(k, target).drafter for k in args.heads.split(",")}
+    results = []
+    for name in args.sets.split(","):
+        texts = load_prompts(name, args.start + args.num)[args.start:]
+        prompts = encode_prompts(target, texts, chat=True)
+        arms = {"lookup alone": peagle.NgramDrafter(max_ngram=3, min_ngram=1)}
+        for kind, head in heads.items():
+            arms[f"{kind} alone"] = head
+            arms.update({f"{kind} {rule}": RuleChain(head, rule, args.max_ngram, args.min_ngram)
+                         for rule in args.rules.split(",")})
+        for arm, drafter in arms.items():
+            accepted = passes = 0
+            for p in prompts:  # one row at a time: concurrency 1, as the bench's unseen-prompt table
+                s = peagle.generate(target, drafter, [p], draft_k=args.draft_k, max_new_tokens=args.max_new_tokens).stats
+                accepted, passes = accepted + s.accepted_tokens, passes + s.target_passes
+            row = {"set": dataset_label(name), "arm": arm, "acceptance": (accepted + passes) / passes}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

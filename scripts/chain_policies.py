@@ -21,6 +21,7 @@ import torch
 
 import peagle
 from peagle.bench.models import load_bench_target, load_head
+from peagle.drafters import ngram_branch
 from peagle.drafters.base import Draft
 from peagle.evalsets import dataset_label, load_prompts
 from peagle.prompts import encode_prompts
@@ -81,6 +82,14 @@ class RuleChain(peagle.drafters.base.DrafterBase):
         return Draft(torch.tensor(rows, dtype=draft.tokens.dtype, device=draft.tokens.device))
 
 
+def lookup_first(learned: list[tuple[int, int]], follow: list[int], budget: int) -> list[tuple[int, int]]:
+    """``branch_first`` with the branch ahead of the learned tree's best node."""
+    nodes, path = ngram_branch.splice(learned, follow)
+    order = list(dict.fromkeys([*path, *range(1, len(learned) + 1)]))[:budget]
+    new = {0: 0, **{old: i for i, old in enumerate(order, start=1)}}
+    return [(new[nodes[old - 1][0]], nodes[old - 1][1]) for old in order]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sets", default="humaneval,mtbench", help="comma list: humaneval, mtbench or JSONL files")
@@ -90,6 +99,9 @@ def main() -> None:
     ap.add_argument("--rules", default="agree,lookup,agree|n>=3")
     ap.add_argument("--max-ngram", type=int, default=3)
     ap.add_argument("--min-ngram", type=int, default=2)
+    ap.add_argument("--tree-nodes", type=int, default=0,
+                    help="> 0: compare NgramBranch trees of this many nodes instead, the branch after the "
+                         "learned best node (as shipped) and ahead of it")
     ap.add_argument("--draft-k", type=int, default=7)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=1)
@@ -101,15 +113,23 @@ def main() -> None:
     for name in args.sets.split(","):
         texts = load_prompts(name, args.start + args.num)[args.start:]
         prompts = encode_prompts(target, texts, chat=True)
-        arms = {"lookup alone": peagle.NgramDrafter(max_ngram=3, min_ngram=1)}
+        tree = peagle.TreeConfig("dynamic", num_nodes=args.tree_nodes) if args.tree_nodes else None
+        arms = {} if tree else {"lookup alone": (peagle.NgramDrafter(max_ngram=3, min_ngram=1), None)}
         for kind, head in heads.items():
-            arms[f"{kind} alone"] = head
-            arms.update({f"{kind} {rule}": RuleChain(head, rule, args.max_ngram, args.min_ngram)
+            if tree:
+                arms[f"{kind} tree, branch after the best node"] = (peagle.NgramBranch(head), ngram_branch.branch_first)
+                arms[f"{kind} tree, branch first"] = (peagle.NgramBranch(head), lookup_first)
+                continue
+            arms[f"{kind} alone"] = (head, None)
+            arms.update({f"{kind} {rule}": (RuleChain(head, rule, args.max_ngram, args.min_ngram), None)
                          for rule in args.rules.split(",")})
-        for arm, drafter in arms.items():
+        for arm, (drafter, order) in arms.items():
+            if order is not None:
+                ngram_branch.branch_first = order  # NgramBranch.draft_tree looks it up at each call
             accepted = passes = 0
             for p in prompts:  # one row at a time: concurrency 1, as the bench's unseen-prompt table
-                s = peagle.generate(target, drafter, [p], draft_k=args.draft_k, max_new_tokens=args.max_new_tokens).stats
+                s = peagle.generate(target, drafter, [p], draft_k=args.draft_k, max_new_tokens=args.max_new_tokens,
+                                    tree=tree).stats
                 accepted, passes = accepted + s.accepted_tokens, passes + s.target_passes
             row = {"set": dataset_label(name), "arm": arm, "acceptance": (accepted + passes) / passes}
             results.append(row)

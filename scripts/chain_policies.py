@@ -11,6 +11,9 @@ Rules (``learned`` = the head's chain, ``follow`` = the lookup's continuation, `
   agree      the head's chain; the lookup takes over after an agreeing first token
   lookup     the lookup's continuation whenever there is one, else the head's chain (NgramBranch's rule)
   agree|n>=N the lookup when it matched N or more tokens, else ``agree``
+
+With ``--tree-nodes N`` it compares ``NgramBranch`` trees of N nodes instead: the branch after the
+learned tree's best node (as shipped) and ahead of it.
 """
 from __future__ import annotations
 

@@ -26,37 +26,32 @@ import peagle
 from peagle.bench.models import load_bench_target, load_head
 from peagle.drafters import ngram_branch
 from peagle.drafters.base import Draft
+from peagle.drafters.ngram import lookup, padded
 from peagle.evalsets import dataset_label, load_prompts
 from peagle.prompts import encode_prompts
 
 
 def lookup_with_length(seq: list[int], k: int, max_ngram: int, min_ngram: int) -> tuple[list[int], int]:
-    """peagle.drafters.ngram.lookup that also says how many tokens matched (0: none)."""
-    for n in range(min(max_ngram, len(seq) - 1), min_ngram - 1, -1):
-        tail = seq[-n:]
-        for start in range(len(seq) - n - 1, -1, -1):
-            if seq[start:start + n] == tail:
-                return seq[start + n:start + n + k], n
+    """peagle's lookup, and how many tokens matched (0: none)."""
+    for n in range(max_ngram, min_ngram - 1, -1):
+        follow = lookup(seq, k, n, n)
+        if follow:
+            return follow, n
     return [], 0
 
 
 def follow_chain(learned: list[int], follow: list[int]) -> list[int]:
     """``learned`` with ``follow`` taking over from its second token when both start with the same token."""
-    k = len(learned)
     if len(follow) < 2 or follow[0] != learned[0] or follow == learned[:len(follow)]:
         return learned
-    return follow[:k] + [follow[-1]] * (k - len(follow[:k]))
+    return padded(follow, len(learned))
 
 
 def choose(rule: str, learned: list[int], follow: list[int], n: int) -> list[int]:
-    k = len(learned)
-    padded = (follow[:k] + [follow[-1]] * (k - len(follow))) if follow else learned
     if rule == "agree":
         return follow_chain(learned, follow)
-    if rule == "lookup":
-        return padded
     if rule.startswith("agree|n>="):
-        return padded if follow and n >= int(rule.split(">=")[1]) else follow_chain(learned, follow)
+        return padded(follow, len(learned)) if follow and n >= int(rule.split(">=")[1]) else follow_chain(learned, follow)
     raise ValueError(f"unknown rule {rule!r}")
 
 
@@ -88,9 +83,7 @@ class RuleChain(peagle.drafters.base.DrafterBase):
 def lookup_first(learned: list[tuple[int, int]], follow: list[int], budget: int) -> list[tuple[int, int]]:
     """``branch_first`` with the branch ahead of the learned tree's best node."""
     nodes, path = ngram_branch.splice(learned, follow)
-    order = list(dict.fromkeys([*path, *range(1, len(learned) + 1)]))[:budget]
-    new = {0: 0, **{old: i for i, old in enumerate(order, start=1)}}
-    return [(new[nodes[old - 1][0]], nodes[old - 1][1]) for old in order]
+    return ngram_branch.renumbered(nodes, list(dict.fromkeys([*path, *range(1, len(learned) + 1)]))[:budget])
 
 
 def main() -> None:
@@ -124,7 +117,9 @@ def main() -> None:
                 arms[f"{kind} tree, branch first"] = (peagle.NgramBranch(head), lookup_first)
                 continue
             arms[f"{kind} alone"] = (head, None)
-            arms.update({f"{kind} {rule}": (RuleChain(head, rule, args.max_ngram, args.min_ngram), None)
+            arms.update({f"{kind} {rule}": (peagle.NgramBranch(head, min_ngram=args.min_ngram, max_ngram=args.max_ngram)
+                                            if rule == "lookup" else  # the shipped rule: the library's code
+                                            RuleChain(head, rule, args.max_ngram, args.min_ngram), None)
                          for rule in args.rules.split(",")})
         for arm, (drafter, order) in arms.items():
             if order is not None:

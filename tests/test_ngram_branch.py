@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import peagle
-from peagle.drafters.ngram import lookup
-from peagle.drafters.ngram_branch import branch_first, padded, splice
+from peagle.drafters.ngram import lookup, padded
+from peagle.drafters.ngram_branch import branch_first, splice
 from peagle.tree import tree_from_nodes
 from tiny_models import hf_greedy, tiny_model
 
@@ -90,7 +90,7 @@ def test_the_branch_is_accepted_where_the_learned_tree_is_not():
 
 def test_padded_repeats_the_last_token():
     assert padded([1, 7, 8, 9, 10], 4) == [1, 7, 8, 9]
-    assert padded([1, 7], 4) == [1, 7, 7, 7]  # as NgramDrafter pads
+    assert padded([1, 7], 4) == [1, 7, 7, 7]
 
 
 class LookupFirstDrafter(peagle.drafters.base.DrafterBase):

@@ -26,8 +26,12 @@ class NgramDrafter(DrafterBase):
         return Draft(torch.tensor(rows, dtype=torch.long, device=step.tokens.device))
 
     def _lookup(self, seq: list[int], k: int) -> list[int]:
-        follow = lookup(seq, k, self.max_ngram, self.min_ngram)
-        return follow + [follow[-1] if follow else seq[-1]] * (k - len(follow))
+        return padded(lookup(seq, k, self.max_ngram, self.min_ngram) or seq[-1:], k)
+
+
+def padded(follow: list[int], k: int) -> list[int]:
+    """The first k tokens of ``follow`` (non-empty), its last token repeated past its end."""
+    return follow[:k] + [follow[-1]] * (k - len(follow))
 
 
 def lookup(seq: list[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:

@@ -32,7 +32,7 @@ import torch
 
 from ..tree import DraftTree, TreeConfig, tree_from_nodes
 from .base import Draft, DraftStep, TreeDrafter
-from .ngram import lookup
+from .ngram import lookup, padded
 
 
 class NgramBranch:
@@ -99,11 +99,6 @@ class NgramBranch:
         return tree_from_nodes(rows, tree.tokens[:, 0], tree.tokens.device)
 
 
-def padded(follow: list[int], k: int) -> list[int]:
-    """The first k tokens of ``follow``, its last token repeated past its end (as ``NgramDrafter`` pads)."""
-    return follow[:k] + [follow[-1]] * (k - len(follow))
-
-
 def splice(nodes: list[tuple[int, int]], follow: list[int]) -> tuple[list[tuple[int, int]], list[int]]:
     """nodes (parent, token) of a tree (root 0 implicit, parents precede children) with the path
     ``follow`` from the root added: it walks existing nodes while they agree, then appends.
@@ -128,6 +123,11 @@ def branch_first(learned: list[tuple[int, int]], follow: list[int], budget: int)
     of that budget, as for a best-first tree alone (peagle.autotree sizes trees by prefixes)."""
     nodes, path = splice(learned, follow)
     rest = range(2, len(learned) + 1)
-    order = list(dict.fromkeys([*([1] if learned else []), *path, *rest]))[:budget]
+    return renumbered(nodes, list(dict.fromkeys([*([1] if learned else []), *path, *rest]))[:budget])
+
+
+def renumbered(nodes: list[tuple[int, int]], order: list[int]) -> list[tuple[int, int]]:
+    """The nodes listed in ``order`` (1-based indices into ``nodes``, parents before children),
+    numbered 1.. in that order."""
     new = {0: 0, **{old: i for i, old in enumerate(order, start=1)}}
     return [(new[nodes[old - 1][0]], nodes[old - 1][1]) for old in order]

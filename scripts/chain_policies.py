@@ -102,6 +102,11 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
+    for rule in args.rules.split(","):
+        if rule not in ("agree", "lookup") and not (rule.startswith("agree|n>=") and rule.split(">=")[1].isdigit()):
+            ap.error(f"--rules: unknown rule {rule!r} (agree, lookup or agree|n>=N)")
+    if args.tree_nodes < 0 or args.num < 1 or args.draft_k < 1:
+        ap.error("--tree-nodes must be >= 0, --num and --draft-k >= 1")
     torch.set_num_threads(args.threads)
     target = load_bench_target("embedded", torch.float32)
     heads = {k: load_head(k, target).drafter for k in args.heads.split(",")}

@@ -99,8 +99,11 @@ class LookupFirstDrafter(peagle.drafters.base.DrafterBase):
 
     def __init__(self, vocab_size):
         self.vocab_size = vocab_size
+        self.asked = []  # per call: (draft_k, whether every row's context has a 1-3-token match)
 
     def draft(self, step, draft_k):
+        every = all(lookup(seq[:n], 1, 3, 1) for seq, n in zip(step.history.tolist(), step.history_lens.tolist()))
+        self.asked.append((draft_k, every))
         rows = []
         for seq, n in zip(step.history.tolist(), step.history_lens.tolist()):
             follow = lookup(seq[:n], 1, 3, 1)
@@ -126,11 +129,15 @@ def test_the_continuation_takes_over_the_rows_that_have_one():
     target, reference = peagle.Target(model), [hf_greedy(model, p, 120) for p in PROMPTS]
     inner = LookupFirstDrafter(target.vocab_size)
     alone = peagle.generate(target, inner, PROMPTS, draft_k=5, max_new_tokens=120)
+    inner.asked.clear()
     out = peagle.generate(target, peagle.NgramBranch(inner, min_ngram=1), PROMPTS, draft_k=5, max_new_tokens=120)
     assert alone.sequences == out.sequences == reference
     assert max(map(max, alone.stats.accepted_per_cycle)) <= 1  # only the first token can be right alone
     assert out.stats.accepted_tokens > alone.stats.accepted_tokens  # the continuation ran on
     assert max(map(max, out.stats.accepted_per_cycle)) > 1
+    # cycles where every row took the continuation asked the head for one token, the others for 5
+    assert any(every for _, every in inner.asked) and 5 in [k for k, _ in inner.asked]
+    assert all(k == 1 for k, every in inner.asked if every)
 
 
 class SampledChainDrafter(peagle.drafters.base.DrafterBase):
@@ -200,6 +207,27 @@ def test_sampled_chains_keep_the_target_distribution(monkeypatch):
         null = [0.5 * (torch.bincount(torch.multinomial(exact, n, True, generator=g), minlength=exact.numel()).float()
                        / n - exact).abs().sum().item() for _ in range(20)]
         assert 0.5 * (emitted - exact).abs().sum().item() < 1.5 * max(null), pos
+
+
+def test_every_row_continued_gets_one_hot_probs_and_the_head_drafts_one_token(monkeypatch):
+    from test_sampling_e2e import PROMPT
+
+    target, _ = setup("llama")
+    V = target.vocab_size
+    inner = SampledChainDrafter(V, [1, 2], list(range(V)))
+    asked, drafts = [], []
+    head_draft = inner.draft
+    inner.draft = lambda step, k: asked.append(k) or head_draft(step, k)
+    monkeypatch.setattr("peagle.drafters.ngram_branch.lookup", lambda seq, k, *a: [3, 4][:k])
+    branch = peagle.NgramBranch(inner)
+    branch_draft = branch.draft
+    branch.draft = lambda step, k: drafts.append(branch_draft(step, k)) or drafts[-1]
+    peagle.generate(target, branch, [PROMPT] * 4, draft_k=3, max_new_tokens=9, temperature=1.0, seed=0)
+    assert drafts and set(asked) == {1}
+    for d in drafts:
+        B, K = d.tokens.shape  # K: draft_k, or what the rows' budgets left
+        assert d.tokens.tolist() == [padded([3, 4], K)] * B
+        assert torch.equal(d.probs, torch.zeros(B, K, V).scatter_(-1, d.tokens[..., None], 1.0))
 
 
 def test_sampled_tree_with_a_branch_keeps_the_target_distribution(monkeypatch):

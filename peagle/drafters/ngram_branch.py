@@ -22,7 +22,8 @@ Without a tree (``generate(tree=None)``) a cycle verifies one chain, so only one
 the n-gram continuation in the rows where the context's last ``min_ngram``..``max_ngram`` tokens
 occurred before, the wrapped drafter's chain in the others. On the decoding sets measured
 (docs/results.md, "Prompt lookup in a chain") a 2-3-token match predicts the next tokens better
-than the heads do, and the head keeps the rows with nothing to copy. The choice depends only on the
+than the heads do, and the head keeps the rows with nothing to copy (in a cycle where every row took
+the continuation the head drafts one token: it only absorbs the new context). The choice depends only on the
 history, so under sampling the chain's q is one-hot in the rows the continuation took and the
 head's in the others: the verifier stays exact.
 """
@@ -67,19 +68,22 @@ class NgramBranch:
     def draft(self, step: DraftStep, draft_k: int) -> Draft:
         """The n-gram continuation [draft_k] in the rows that have one, the wrapped drafter's chain in
         the others (see the module docstring)."""
-        draft = self.drafter.draft(step, draft_k)  # every row: the head absorbs the new context
-        follows = {b: lookup(seq[:n], draft_k, self.max_ngram, self.min_ngram)
-                   for b, (seq, n) in enumerate(zip(step.history.tolist(), step.history_lens.tolist()))}
-        took = [b for b, follow in follows.items() if follow]
+        follows = [lookup(seq[:n], draft_k, self.max_ngram, self.min_ngram)
+                   for seq, n in zip(step.history.tolist(), step.history_lens.tolist())]
+        took = [b for b, follow in enumerate(follows) if follow]
+        # The head absorbs the new context in every row (its cache must keep up). Where the
+        # continuation takes every row none of its drafts is used: one token is its cheapest call.
+        everyone = len(took) == len(follows)
+        draft = self.drafter.draft(step, 1 if everyone else draft_k)
         if not took:
             return draft
-        tokens = draft.tokens.clone()
-        rows = torch.tensor(took, device=tokens.device)
-        tokens[rows] = torch.tensor([padded(follows[b], draft_k) for b in took], dtype=tokens.dtype,
-                                    device=tokens.device)
+        rows = torch.tensor(took, device=draft.tokens.device)
+        chains = torch.tensor([padded(follows[b], draft_k) for b in took], dtype=draft.tokens.dtype,
+                              device=draft.tokens.device)
+        tokens = chains if everyone else draft.tokens.clone().index_copy_(0, rows, chains)
         probs = draft.probs
         if probs is not None:  # sampling: the continuation's tokens were proposed with certainty
-            probs = probs.clone()
+            probs = probs.new_zeros(len(follows), draft_k, probs.shape[-1]) if everyone else probs.clone()
             probs[rows] = torch.zeros_like(probs[rows]).scatter_(-1, tokens[rows, :, None].to(probs.device), 1.0)
         return Draft(tokens, probs)
 

@@ -11,8 +11,13 @@ then give each added token the row ``scale * [W_target[token], 1] @ A``. The add
 most frequent answer tokens of the training data (``--data DIR:SHARDS``, held-out shards left out)
 that the head lacks, up to ``--size`` tokens in all. Everything else of the head is copied.
 
+``--fit-data DIR:SHARDS`` then trains the added rows alone: the grown head reads those answers
+teacher-forced (as ``peagle train evaluate`` does, every depth), the normed hidden states and the
+target's logits over the draft vocabulary are kept for a share of the rows, and ``--fit-steps``
+Adam steps minimise KL(target || head) with every other weight frozen.
+
     python scripts/extend_draft_vocab.py --head peagle/heads/eagle3 --out runs/eagle3-v12k --size 12288 \\
-        --data data/embedded-regenerated:0-17 data/smollm2-v2:1-42
+        --data data/embedded-regenerated:0-17 data/smollm2-v2:1-42 [--fit-data data/smollm2-v2:6]
 """
 from __future__ import annotations
 
@@ -85,6 +90,67 @@ def extend(tensors: dict, config: dict, target_lm_head: torch.Tensor, counts: to
     return out, cfg, info
 
 
+def capture_rows(head, target, spec: str, sequences: int, keep: float, seed: int = 0):
+    """(hidden [R, H] after the head's final norm, fp32; target logits [R, N] over its draft
+    vocabulary, bf16; the pass's acceptance length) for a random ``keep`` share of the supervised rows of a teacher-forced pass over ``spec``."""
+    import peagle.train.packed.forward as forward
+    from peagle.train.trainer.evaluate import evaluate_head
+
+    gen = torch.Generator().manual_seed(seed)
+    hidden, logits = [], []
+    inner = forward._loss_chunk
+
+    def recording(head_, h, labels, w, target_logits, argmax=True, loss="kl"):
+        pick = torch.rand(len(labels), generator=gen) < keep
+        if pick.any():
+            hidden.append(head_.norm(h[pick]).detach().float())
+            logits.append(target_logits(labels[pick]).detach().to(torch.bfloat16))
+        return inner(head_, h, labels, w, target_logits, argmax, loss)
+
+    path, _, shards = spec.partition(":")
+    forward._loss_chunk = recording
+    try:
+        result = evaluate_head(head, target, path, shards=shards or None, draft_k=None,
+                               max_sequences=sequences, features="online")
+    finally:
+        forward._loss_chunk = inner
+    return torch.cat(hidden), torch.cat(logits), result.acceptance_length
+
+
+def train_added_rows(W: torch.Tensor, added: torch.Tensor, hidden: torch.Tensor, logits: torch.Tensor,
+                     steps: int, lr: float, batch: int, seed: int = 0) -> tuple[torch.Tensor, dict]:
+    """W [N, H] with the rows ``added`` (bool [N]) trained for KL(softmax(logits) || softmax(hidden W^T));
+    a tenth of the rows is held back to report the KL before and after."""
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(hidden), generator=gen)
+    n_val = max(1, len(order) // 10)
+    val, train = order[:n_val], order[n_val:]
+    fixed = W.float().clone()
+    rows = torch.nn.Parameter(fixed[added].clone())
+    opt = torch.optim.Adam([rows], lr=lr)
+
+    def full() -> torch.Tensor:
+        return fixed.index_put((added.nonzero().flatten(),), rows)
+
+    def kl(idx) -> torch.Tensor:
+        p = torch.log_softmax(logits[idx].float(), -1)
+        q = torch.log_softmax(hidden[idx].float() @ full().t(), -1)
+        return (p.exp() * (p - q)).sum(-1).mean()
+
+    with torch.no_grad():
+        before = float(kl(val))
+    for _ in range(steps):
+        idx = train[torch.randint(len(train), (batch,), generator=gen)]
+        opt.zero_grad()
+        loss = kl(idx)
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        after = float(kl(val))
+    return full().detach().to(W.dtype), {"fit_rows": len(hidden), "held_back_kl_before": round(before, 4),
+                                          "held_back_kl_after": round(after, 4)}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--head", required=True, help="a head directory (config.json + model.safetensors)")
@@ -93,6 +159,12 @@ def main(argv=None) -> None:
     ap.add_argument("--data", nargs="+", required=True, help="DIR[:SHARDS] whose answers are counted (training shards)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies the added rows (default 1)")
     ap.add_argument("--target", default="default")
+    ap.add_argument("--fit-data", help="DIR:SHARDS whose answers train the added rows (training shards)")
+    ap.add_argument("--fit-sequences", type=int, default=96, help="answers read for --fit-data")
+    ap.add_argument("--fit-keep", type=float, default=0.4, help="share of the supervised rows kept")
+    ap.add_argument("--fit-steps", type=int, default=200)
+    ap.add_argument("--fit-lr", type=float, default=1e-3)
+    ap.add_argument("--fit-batch", type=int, default=1024, help="rows a step")
     args = ap.parse_args(argv)
 
     import peagle
@@ -108,6 +180,18 @@ def main(argv=None) -> None:
     out, cfg, info = extend(tensors, config, lm_head, counts, args.size, args.scale, exclude)
     write_head_dir(args.out, out, cfg)
     peagle.load_drafter(args.out, target)  # the grown head loads
+    if args.fit_data:
+        from peagle.train.trainer.evaluate import load_eval_head
+
+        head = load_eval_head(args.out, target)
+        hidden, logits, acceptance = capture_rows(head, target, args.fit_data, args.fit_sequences, args.fit_keep)
+        ids = torch.arange(args.size) + out["d2t"].long()
+        added = ~torch.isin(ids, torch.arange(tensors["lm_head.weight"].shape[0]) + tensors["d2t"].long())
+        out["lm_head.weight"], fit = train_added_rows(out["lm_head.weight"], added, hidden, logits, args.fit_steps,
+                                                      args.fit_lr, args.fit_batch)
+        info.update(fit, fit_data_acceptance_before=round(acceptance, 4))
+        write_head_dir(args.out, out, cfg)
+        peagle.load_drafter(args.out, target)
     print(json.dumps(info))
 
 

@@ -64,3 +64,18 @@ def test_excluded_and_unused_tokens_are_never_added_and_a_bad_size_names_its_ran
         xv.extend(tensors, config, target_rows, counts, size=N + 2, exclude=(4,))
     with pytest.raises(ValueError, match="--size"):
         xv.extend(tensors, config, target_rows, counts, size=N - 1)
+
+
+def test_training_the_added_rows_lowers_the_held_back_kl_and_leaves_the_old_rows_alone():
+    g = torch.Generator().manual_seed(1)
+    true_rows = torch.randn(12, H, generator=g)
+    hidden = torch.randn(2000, H, generator=g)
+    logits = (hidden @ true_rows.t()).to(torch.bfloat16)  # a target the head could match exactly
+    added = torch.zeros(12, dtype=torch.bool)
+    added[[2, 5, 9]] = True
+    W = true_rows.clone()
+    W[added] = 0.0  # the added rows start knowing nothing
+    trained, fit = xv.train_added_rows(W, added, hidden, logits, steps=150, lr=0.05, batch=256)
+    assert fit["held_back_kl_after"] < 0.2 * fit["held_back_kl_before"]
+    assert torch.equal(trained[~added], W[~added])
+    assert torch.allclose(trained[added], true_rows[added], atol=0.2)

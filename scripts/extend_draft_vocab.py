@@ -37,11 +37,9 @@ def answer_counts(specs: list[str], vocab_size: int) -> torch.Tensor:
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for spec in specs:
         path, _, shards = spec.partition(":")
-        wanted = parse_shards(shards)
-        for meta in shard_metadata(path):
-            if wanted is None or meta["shard"] in wanted:
-                ds = load_shard(path, meta["shard"])
-                counts += token_counts(ds["input_ids"], ds["prompt_len"], vocab_size)
+        for meta in shard_metadata(path, parse_shards(shards)):
+            ds = load_shard(path, meta["shard"])
+            counts += token_counts(ds["input_ids"], ds["prompt_len"], vocab_size)
     return counts
 
 
@@ -166,6 +164,10 @@ def main(argv=None) -> None:
     ap.add_argument("--fit-lr", type=float, default=1e-3)
     ap.add_argument("--fit-batch", type=int, default=1024, help="rows a step")
     args = ap.parse_args(argv)
+    if not 0 < args.fit_keep <= 1:
+        ap.error(f"--fit-keep must be in (0, 1], got {args.fit_keep}")
+    if args.fit_steps < 0 or args.fit_batch < 1:
+        ap.error("--fit-steps must be >= 0 and --fit-batch >= 1")
 
     import peagle
     from peagle.embedded import load_target_by_name
@@ -175,6 +177,8 @@ def main(argv=None) -> None:
     lm_head = target.model.get_output_embeddings().weight.detach().float()
     config = read_config(args.head)
     tensors = read_tensors(Path(args.head) / "model.safetensors")
+    if "lm_head.weight" not in tensors:
+        raise SystemExit(f"--head {args.head}: no lm_head.weight (an EAGLE-3 or P-EAGLE head is needed)")
     counts = answer_counts(args.data, lm_head.shape[0])
     exclude = tuple(int(config[k]) for k in ("mask_token_id",) if k in config)
     out, cfg, info = extend(tensors, config, lm_head, counts, args.size, args.scale, exclude)

@@ -16,6 +16,7 @@ from .drafters.base import DrafterBase, TreeDrafter
 from .embedded import load_target
 from .fp8 import FP8Linear, load_fp8_state, quantize_fp8, save_fp8_state
 from .generate import generate
+from .int8 import Int8Linear, quantize_int8
 from .sampling import SamplingParams
 from .static_drafter import compile_drafter
 from .static_target import compile_target
@@ -43,6 +44,6 @@ __version__ = _version()
 
 __all__ = [
     "__version__", "DFlashConfig", "DFlashDrafter", "Draft", "Drafter", "DrafterBase", "TreeDrafter", "FP8Linear", "load_fp8_state", "quantize_fp8", "save_fp8_state", "DraftStep", "DrafterConfig", "Eagle3Drafter", "GenerationOutput",
-    "GenerationStats", "NgramBranch", "NgramDrafter", "PEagleDrafter", "SamplingParams", "Target", "TreeConfig", "compile_drafter", "compile_target", "generate",
+    "GenerationStats", "Int8Linear", "quantize_int8", "NgramBranch", "NgramDrafter", "PEagleDrafter", "SamplingParams", "Target", "TreeConfig", "compile_drafter", "compile_target", "generate",
     "load_drafter", "load_target",
 ]

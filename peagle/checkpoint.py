@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from . import kinds
+from .int8 import is_int8
 
 WEIGHTS = "model.safetensors"
 HEADS_DIR = Path(__file__).parent / "heads"
@@ -141,6 +142,9 @@ def save_pretrained(head, path: str | Path, **options) -> Path:
 
     P-EAGLE / EAGLE-3 heads take the options of :func:`peagle.drafters.eagle_format.save_eagle_layout`.
     """
+    if is_int8(head):
+        raise ValueError("this head has int8 drafting weights (peagle.quantize_int8), which drop the float "
+                         "weights a checkpoint holds: save the head before quantising it")
     return kinds.of(head).save(head, path, **options)
 
 

@@ -33,7 +33,6 @@ safetensors (fp8 weights plus ``weight_scale``); the plain ``state_dict`` round-
 """
 from __future__ import annotations
 
-import fnmatch
 import functools
 import warnings
 from typing import Callable, Iterable
@@ -44,6 +43,7 @@ from torch import nn
 from .fp8_modes import Timer, choose_mode
 from .kernels.fp8_matmul import fp8_weight_only_mm
 from .kernels.fp8_quant import quantize_fp8_rows
+from .layer_swap import replace_linears, set_child, skip_fn
 
 SCHEMES = ("rowwise", "per_tensor")
 IMPLS = ("auto", "scaled_mm", "emulate")
@@ -275,24 +275,6 @@ def _is_conv1d(module: nn.Module) -> bool:
     return isinstance(module, Conv1D)
 
 
-def _skip_fn(skip: Iterable[str] | Callable[[str, nn.Module], bool] | None) -> Callable[[str, nn.Module], bool]:
-    if callable(skip):
-        return skip
-    if isinstance(skip, str):
-        skip = (skip,)
-    patterns = tuple(DEFAULT_SKIP if skip is None else skip)
-
-    def matches(name: str, module: nn.Module) -> bool:
-        last = name.rsplit(".", 1)[-1]
-        return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(last, p) for p in patterns)
-    return matches
-
-
-def _set_child(root: nn.Module, name: str, child: nn.Module) -> None:
-    parent_name, _, attr = name.rpartition(".")
-    setattr(root.get_submodule(parent_name) if parent_name else root, attr, child)
-
-
 def quantize_fp8(module: nn.Module, scheme: str = "rowwise",
                  skip: Iterable[str] | Callable[[str, nn.Module], bool] | None = None,
                  *, impl: str = "auto", mode: str = "dynamic") -> nn.Module:
@@ -317,25 +299,14 @@ def quantize_fp8(module: nn.Module, scheme: str = "rowwise",
     _check_impl(impl)
     _check_mode(mode)
     fp8_dtype()
-    should_skip = _skip_fn(skip)
-    embedding_weights = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
-    # A layer reachable under several names is decided (and converted) once, by its first name.
-    decided: dict[int, FP8Linear | None] = {}
-    for name, m in list(module.named_modules(remove_duplicate=False)):
-        if not (isinstance(m, nn.Linear) or _is_conv1d(m)) or id(m.weight) in embedding_weights:
-            continue
-        if id(m) not in decided:
-            decided[id(m)] = None if should_skip(name, m) else FP8Linear.from_linear(m, scheme=scheme, impl=impl,
-                                                                                      mode=mode)
-            if decided[id(m)] is not None:
-                decided[id(m)].name = name
-        layer = decided[id(m)]
-        if layer is None:
-            continue
-        if not name:
-            return layer
-        _set_child(module, name, layer)
-    return module
+
+    def make(name: str, linear: nn.Module) -> FP8Linear:
+        layer = FP8Linear.from_linear(linear, scheme=scheme, impl=impl, mode=mode)
+        layer.name = name
+        return layer
+
+    return replace_linears(module, lambda m: isinstance(m, nn.Linear) or _is_conv1d(m), make,
+                           skip_fn(DEFAULT_SKIP if skip is None else skip))
 
 
 def set_fp8_mode(module: nn.Module, mode: str, timer: Timer | None = None) -> nn.Module:
@@ -411,7 +382,7 @@ def load_fp8_state(module: nn.Module, path: str, impl: str = "auto", strict: boo
                               scheme="per_tensor" if len(scales[name]) == 0 else "rowwise",
                               impl=impl, device=weight.device)
             layer.bias, layer.name = m.bias, name
-            _set_child(module, name, layer)
+            set_child(module, name, layer)
     for name, m in module.named_modules():
         if name in calibrated and isinstance(m, FP8Linear) and m.input_scale is None:
             m.input_scale = torch.empty((), dtype=torch.float32, device=m.weight.device)

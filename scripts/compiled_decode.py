@@ -6,7 +6,7 @@
     python scripts/compiled_decode.py --out DIR --dry-run     # CPU, tiny random model, dynamo's "eager" backend
 
 Arms: plain decoding, EAGLE-3 and P-EAGLE chains at draft_k 3 and an EAGLE-3 tree of 6 nodes (pass widths
-1, 4 and 8), greedy, chat prompts from HumanEval and MT-Bench, every arm on each prompt in turn, in three
+1, 4 and 8); with ``--int8`` (CPU) also both chains drafted by int8 copies of the heads; greedy, chat prompts from HumanEval and MT-Bench, every arm on each prompt in turn, in three
 stages: eager; the target compiled (``peagle.compile_target``); the target and both heads compiled
 (``peagle.compile_drafter``). Every width is compiled first; then the stages run interleaved (each arm
 on a prompt in every stage in turn), so that a drift in the machine's speed falls on all of them. Writes DIR/compiled.md and
@@ -30,6 +30,8 @@ from peagle.stats import per_cycle_ms  # noqa: E402
 
 ARMS = [("plain", None, {}), ("EAGLE-3 K=3", "eagle3", {"draft_k": 3}), ("P-EAGLE K=3", "peagle", {"draft_k": 3}),
         ("EAGLE-3 tree 6", "eagle3", {"draft_k": 3, "tree": peagle.TreeConfig(num_nodes=6)})]
+#: --int8: the same chains drafted by copies of the heads with int8 weights (peagle.quantize_int8)
+INT8_ARMS = [("EAGLE-3 int8 K=3", "eagle3_int8", {"draft_k": 3}), ("P-EAGLE int8 K=3", "peagle_int8", {"draft_k": 3})]
 WIDTHS = (1, 4, 8)
 
 
@@ -46,6 +48,9 @@ def load(args):
     for kind in ("eagle3", "peagle"):
         head = load_head(kind, target, allow_trained=not args.dry_run)
         drafters[kind] = head.drafter.to(target.device) if isinstance(head.drafter, torch.nn.Module) else head.drafter
+        if args.int8:
+            copy = load_head(kind, target, allow_trained=not args.dry_run).drafter
+            drafters[kind + "_int8"] = peagle.quantize_int8(copy)
     return target, drafters
 
 
@@ -65,19 +70,20 @@ def set_stage(target, drafters, stage: str, compiled: dict) -> None:
         head.static = compiled[kind] if stage == "both" else None
 
 
-def run_stages(target, drafters, compiled: dict, ids: list[list[int]], max_new_tokens: int, repeats: int) -> dict:
+def run_stages(target, drafters, compiled: dict, ids: list[list[int]], max_new_tokens: int, repeats: int,
+               arms: list = ARMS) -> dict:
     """{stage: {arm: {"tokens", "seconds", "sequences", "stats"}}}: a warm-up call per stage and arm,
     then each prompt in turn, each arm on it in every stage one after the other (interleaved, so that
     the machine's drift falls on every stage alike)."""
-    runs = {stage: {name: {"tokens": 0, "seconds": 0.0, "sequences": [], "stats": []} for name, _, _ in ARMS}
+    runs = {stage: {name: {"tokens": 0, "seconds": 0.0, "sequences": [], "stats": []} for name, _, _ in arms}
             for stage in STAGES}
     for stage in STAGES:
         set_stage(target, drafters, stage, compiled)
-        for name, kind, kw in ARMS:
+        for name, kind, kw in arms:
             peagle.generate(target, drafters.get(kind), [ids[0]], max_new_tokens=8, **kw)
     for rep in range(repeats):
         for p in ids:
-            for name, kind, kw in ARMS:
+            for name, kind, kw in arms:
                 for stage in STAGES:
                     set_stage(target, drafters, stage, compiled)
                     start = time.perf_counter()
@@ -105,20 +111,20 @@ def summarise(results: dict) -> dict:
 STAGES = {"eager": "eager", "target": "target compiled", "both": "target + drafter compiled"}
 
 
-def report(target, ids, args, how, capacity, compile_s, runs) -> list[str]:
+def report(target, ids, args, how, capacity, compile_s, runs, arms: list = ARMS) -> list[str]:
     summary = {stage: summarise(r) for stage, r in runs.items()}
     device = torch.cuda.get_device_name(0) if target.device.type == "cuda" else "CPU"
     settings = ", ".join(f"{k}={v!r}" for k, v in how.items())
     lines = [f"# Compiled decoding passes against eager ({device}, {str(target.dtype).replace('torch.', '')}, one row, "
              f"{len(ids)} prompts x {args.repeats}, {args.max_new_tokens} new tokens, greedy, stages interleaved)", "",
              f"`peagle.compile_target(target, widths={WIDTHS}, {settings})`: {compile_s['target']:.0f} s of compiling "
-             f"over {capacity} cache slots; `peagle.compile_drafter(head, widths={WIDTHS}, {settings})` for both heads: "
+             f"over {capacity} cache slots; `peagle.compile_drafter(head, widths={WIDTHS}, {settings})` for the heads: "
              f"{compile_s['drafters']:.0f} s.", "",
              "tokens/s pooled over the prompts; x plain: against plain decoding in the same stage; ms: drafting + "
              "verification per cycle; = eager: outputs equal to the eager ones, token for token.", "",
              "| arm | " + " | ".join(f"{label} tok/s | x plain | ms" for label in STAGES.values())
              + " | acceptance | = eager |", "|---" * (3 * len(STAGES) + 3) + "|"]
-    for name, _, _ in ARMS:
+    for name, _, _ in arms:
         cells = []
         for stage in STAGES:
             r, plain = summary[stage][name], summary[stage]["plain"]["tokens_per_s"]
@@ -128,7 +134,7 @@ def report(target, ids, args, how, capacity, compile_s, runs) -> list[str]:
                    for s in ("target", "both"))
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {summary['both'][name]['acceptance']:.2f} | {same}/{len(ids)} |")
     e, c = summary["eager"]["plain"]["tokens_per_s"], summary["both"]
-    best = max((n for n, _, _ in ARMS), key=lambda n: c[n]["tokens_per_s"])
+    best = max((n for n, _, _ in arms), key=lambda n: c[n]["tokens_per_s"])
     lines += ["", f"Fastest arm with both compiled: {best}, {c[best]['tokens_per_s'] / e:.2f}x eager plain.",
               f"Target passes per width: {dict(target.static.counts)}."]
     return lines
@@ -142,7 +148,12 @@ def main(argv=None) -> int:
     ap.add_argument("--num-prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=1, help="passes over the prompts (tokens/s pooled)")
+    ap.add_argument("--int8", action="store_true",
+                    help="also the chains drafted by int8 copies of the heads (peagle.quantize_int8; CPU only)")
     args = ap.parse_args(argv)
+    if args.int8 and not (args.cpu or args.dry_run):
+        raise SystemExit("--int8 runs on the CPU only: add --cpu (or --dry-run)")
+
     if args.num_prompts < 2 or args.max_new_tokens < 8 or args.repeats < 1:
         raise SystemExit("--num-prompts must be >= 2, --max-new-tokens >= 8 and --repeats >= 1")
     if not (args.cpu or args.dry_run) and not torch.cuda.is_available():
@@ -165,8 +176,9 @@ def main(argv=None) -> int:
         peagle.compile_drafter(head, widths=WIDTHS, warm=length, target=target, **how)
     compile_s["drafters"] = time.perf_counter() - start
     compiled = {"target": target.static, **{kind: head.static for kind, head in drafters.items()}}
-    runs = run_stages(target, drafters, compiled, ids, args.max_new_tokens, args.repeats)
-    lines = report(target, ids, args, how, capacity, compile_s, runs)
+    arms = ARMS + (INT8_ARMS if args.int8 else [])
+    runs = run_stages(target, drafters, compiled, ids, args.max_new_tokens, args.repeats, arms)
+    lines = report(target, ids, args, how, capacity, compile_s, runs, arms)
     (out_dir / "compiled.md").write_text("\n".join(lines) + "\n")
     summary = {stage: summarise(r) for stage, r in runs.items()}
     device = torch.cuda.get_device_name(0) if target.device.type == "cuda" else "CPU"

@@ -213,7 +213,7 @@ def _load_drafters(args: argparse.Namespace, target, arms: tuple[str, ...]) -> t
     drafters, heads = {}, {}
     for name, source in DRAFTERS.items():
         if any(ARMS[a].drafter == name for a in arms):
-            path = getattr(args, f"{name}_head", None)  # --peagle-head, --eagle3-head, --dflash-head
+            path = getattr(args, f"{source.head_option or name}_head", None)  # --peagle-head, --eagle3-head, --dflash-head
             drafter, why = source.build(target, path, args.model == "embedded" or path is not None)
             if drafter is None:
                 print(f"{ARMS[name].label} skipped: {why}", file=sys.stderr)

@@ -52,6 +52,11 @@ class Arm:
     demo: DemoPlan | None = None  # shown by `peagle demo`
 
     @property
+    def head(self) -> str:
+        """The kind of head it drafts with, whatever its weights' precision ("peagle" for "peagle_int8")."""
+        return self.drafter.removesuffix("_int8")
+
+    @property
     def exact(self) -> bool:
         """Whether token identity with plain decoding is expected at temperature 0 (llama.cpp runs the
         quantised GGUF on other kernels)."""
@@ -82,6 +87,8 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
         default=False),
     Arm("eagle3_ngram", "EAGLE-3 + n-gram", "coral", "peagle", "eagle3", drafts=True, ngram_branch=True,
         default=False),
+    Arm("peagle_int8", "P-EAGLE int8", "seagreen", "peagle", "peagle_int8", drafts=True, default=False),
+    Arm("eagle3_int8", "EAGLE-3 int8", "darkorange", "peagle", "eagle3_int8", drafts=True, default=False),
     Arm("dflash", "DFlash", "tab:blue", "peagle", "dflash", drafts=True, default=False, demo=DemoPlan(8)),
     Arm("llamacpp", "llama.cpp", "tab:cyan", "llamacpp", default=False),
     Arm("llamacpp_prompt_lookup", "llama.cpp prompt lookup", "black", "llamacpp", drafts=True, auto=False,
@@ -106,13 +113,20 @@ class DrafterSource:
 
     build: Callable[[peagle.Target, str | None, bool], tuple[object | None, str]]
     weights: bool = True  # a trained head whose source the reports name (n-gram has none)
+    head_option: str = ""  # the --KIND-head option that gives its path ("": the drafter's own name)
 
 
-def _head(kind: str):
+def _head(kind: str, int8: bool = False):
+    """The head of ``kind``; ``int8``: a copy with int8 drafting weights (peagle.quantize_int8), CPU only."""
     def build(target, path, allow_trained):
         from .models import load_head
 
+        if int8 and target.device.type != "cpu":
+            return None, f"int8 drafting weights run on CPUs only (the target is on {target.device})"
         head = load_head(kind, target, path, allow_trained=allow_trained)
+        if int8:
+            peagle.quantize_int8(head.drafter)
+            return head.drafter, head.source + ", int8 weights (fc in the head's dtype)"
         return head.drafter, head.source
 
     return build
@@ -141,6 +155,8 @@ def _dflash(target, path, allow_trained):
 DRAFTERS: dict[str, DrafterSource] = {
     "peagle": DrafterSource(_head("peagle")),
     "eagle3": DrafterSource(_head("eagle3")),
+    "peagle_int8": DrafterSource(_head("peagle", int8=True), head_option="peagle"),
+    "eagle3_int8": DrafterSource(_head("eagle3", int8=True), head_option="eagle3"),
     "ngram": DrafterSource(_ngram, weights=False),
     "dflash": DrafterSource(_dflash),
 }

@@ -196,7 +196,7 @@ def head_to_head_table(rows: list[dict]) -> str:
     for b in sorted({r["batch_size"] for r in rows}):
         best = {}
         for head in ("peagle", "eagle3"):
-            cands = [r for r in rows if ARMS[r["arm"]].drafter == head and r["batch_size"] == b
+            cands = [r for r in rows if ARMS[r["arm"]].head == head and r["batch_size"] == b
                      and r["draft_k"] != "auto" and r.get("tree_nodes") != "auto"]
             best[head] = max(cands, key=lambda r: r["otps"]) if cands else None
         if best["peagle"] is None or best["eagle3"] is None:

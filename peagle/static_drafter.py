@@ -30,6 +30,7 @@ import torch
 
 from .drafters.head import DraftHead
 from .drafters.layers import StaticKVCache
+from .int8 import is_int8
 from .static_target import check_compile_args, inductor_settings, raise_recompile_limit
 
 
@@ -147,6 +148,10 @@ def compile_drafter(drafter, widths: Sequence[int] = (1, 2, 4, 8), *, autotune: 
     head = getattr(drafter, "drafter", drafter)  # NgramBranch wraps a learned drafter
     if not isinstance(head, DraftHead):
         raise ValueError(f"drafter: compile_drafter takes an EAGLE-3 or P-EAGLE head, got {type(drafter).__name__}")
+    if is_int8(head):
+        # fbgemm's kernel is opaque to dynamo: a graph break at every linear layer, slower than eager
+        raise ValueError("drafter: a head with int8 weights (peagle.quantize_int8) drafts eagerly; compile the float "
+                         "head, or leave the int8 one uncompiled")
     check_compile_args(widths, mode)
     if warm is not None and (not isinstance(warm, int) or isinstance(warm, bool) or warm < 1):
         raise ValueError(f"warm must be None or an integer >= 1, got {warm!r}")

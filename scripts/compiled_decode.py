@@ -6,7 +6,8 @@
     python scripts/compiled_decode.py --out DIR --dry-run     # CPU, tiny random model, dynamo's "eager" backend
 
 Arms: plain decoding, EAGLE-3 and P-EAGLE chains at draft_k 3 and an EAGLE-3 tree of 6 nodes (pass widths
-1, 4 and 8); with ``--int8`` (CPU) also both chains drafted by int8 copies of the heads; greedy, chat prompts from HumanEval and MT-Bench, every arm on each prompt in turn, in three
+1, 4 and 8); with ``--int8`` (CPU) also both chains drafted by int8 copies of the heads, which stay
+eager in every stage (``peagle.compile_drafter`` refuses them); greedy, chat prompts from HumanEval and MT-Bench, every arm on each prompt in turn, in three
 stages: eager; the target compiled (``peagle.compile_target``); the target and both heads compiled
 (``peagle.compile_drafter``). Every width is compiled first; then the stages run interleaved (each arm
 on a prompt in every stage in turn), so that a drift in the machine's speed falls on all of them. Writes DIR/compiled.md and
@@ -172,8 +173,9 @@ def main(argv=None) -> int:
     capacity = target.static.warm(length)
     compile_s["target"] = time.perf_counter() - start
     start = time.perf_counter()
-    for head in drafters.values():
-        peagle.compile_drafter(head, widths=WIDTHS, warm=length, target=target, **how)
+    for kind, head in drafters.items():
+        if not kind.endswith("_int8"):  # int8 heads draft eagerly in every stage (compile_drafter refuses them)
+            peagle.compile_drafter(head, widths=WIDTHS, warm=length, target=target, **how)
     compile_s["drafters"] = time.perf_counter() - start
     compiled = {"target": target.static, **{kind: head.static for kind, head in drafters.items()}}
     arms = ARMS + (INT8_ARMS if args.int8 else [])
@@ -184,7 +186,7 @@ def main(argv=None) -> int:
     device = torch.cuda.get_device_name(0) if target.device.type == "cuda" else "CPU"
     (out_dir / "compiled.json").write_text(json.dumps({**summary, "compile_s": compile_s, "capacity": capacity,
                                                        "device": device, "target_passes": target.static.counts,
-                                                       "drafter_passes": {k: d.static.counts for k, d in drafters.items()}},
+                                                       "drafter_passes": {k: d.static.counts for k, d in drafters.items() if d.static is not None}},
                                                       indent=1) + "\n")
     print("\n".join(lines))
     return 0

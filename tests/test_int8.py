@@ -133,3 +133,10 @@ def _prompts(tmp_path):
     p = tmp_path / "p.jsonl"
     p.write_text('{"prompt": "def add(a, b):"}\n')
     return p
+
+
+def test_compile_drafter_refuses_an_int8_head():
+    target, head = _tiny_pair("eagle3")
+    quantize_int8(head)
+    with pytest.raises(ValueError, match="int8 weights .* drafts eagerly"):
+        peagle.compile_drafter(head, backend="eager")

@@ -44,16 +44,18 @@ def load_bench_target(model: str = "embedded", dtype: torch.dtype | str = torch.
 def warm_for(target: peagle.Target, prompts: list[list[int]], max_new_tokens: int, drafters=()) -> None:
     """A compiled target: compile every width now, for the longest of these calls (one capacity
     serves them all), so that no timed call compiles; and compile the EAGLE-3 / P-EAGLE heads among
-    ``drafters`` the same way (``peagle.compile_drafter``). Does nothing to an eager target."""
+    ``drafters`` the same way (``peagle.compile_drafter``; heads with int8 weights stay eager). Does
+    nothing to an eager target."""
     if getattr(target, "static", None) is None:
         return
     length = max(len(p) for p in prompts) + max_new_tokens + 17  # + draft_k <= 16 + 1
     target.static.warm(length)
     from peagle.drafters.head import DraftHead
+    from peagle.int8 import is_int8
 
     for drafter in drafters:
         head = getattr(drafter, "drafter", drafter)  # NgramBranch wraps a head
-        if isinstance(head, DraftHead) and head.static is None:
+        if isinstance(head, DraftHead) and head.static is None and not is_int8(head):  # int8 heads draft eagerly
             peagle.compile_drafter(head, widths=target.static.widths, autotune=True, warm=length, target=target)
 
 

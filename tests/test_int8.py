@@ -140,3 +140,16 @@ def test_compile_drafter_refuses_an_int8_head():
     quantize_int8(head)
     with pytest.raises(ValueError, match="int8 weights .* drafts eagerly"):
         peagle.compile_drafter(head, backend="eager")
+
+
+def test_int8_drafting_script_dry_run(capsys):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import int8_drafting
+
+    assert int8_drafting.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| 2/2 |") == 16  # 2 heads x 4 variants, each printed as measured and in the table: all = plain
+    assert "| eagle3 | all but fc (default) |" in out and "| (64, 96) | 8 |" in out

@@ -63,15 +63,17 @@ def mtbench_prompts(n: int | None = None) -> list[str]:
 
 
 def jsonl_prompts(path: str | Path, n: int | None = None) -> list[str]:
-    """Every line's ``prompt`` field of a JSONL file (``.jsonl`` or ``.jsonl.gz``)."""
+    """Every line's ``prompt`` field (or ``text``, as in the suite's ``data/suite/*/prompts.jsonl``) of a
+    JSONL file (``.jsonl`` or ``.jsonl.gz``)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"--prompts file {path} does not exist")
     prompts = []
     for i, record in enumerate(_read_jsonl(path)):
-        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-            raise ValueError(f"{path}: line {i + 1} must be a JSON object with a string `prompt` field")
-        prompts.append(record["prompt"])
+        text = record.get("prompt", record.get("text")) if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            raise ValueError(f"{path}: line {i + 1} must be a JSON object with a string `prompt` (or `text`) field")
+        prompts.append(text)
     if not prompts:
         raise ValueError(f"{path}: no prompts found (expected one JSON object per line with a `prompt` field)")
     return prompts[:n] if n is not None else prompts
@@ -89,5 +91,9 @@ def load_prompts(name: str, n: int | None = None) -> list[str]:
 
 
 def dataset_label(name: str) -> str:
-    """Short name for tables: humaneval, mtbench, or a file's stem."""
-    return name if name in DATASETS else Path(name).name.split(".")[0]
+    """Short name for tables: humaneval, mtbench, or a file's stem (its folder's name for a file
+    named ``prompts.jsonl``, as the suite's sets are: ``data/suite/writing/prompts.jsonl`` -> writing)."""
+    if name in DATASETS:
+        return name
+    stem = Path(name).name.split(".")[0]
+    return Path(name).parent.name or stem if stem == "prompts" else stem

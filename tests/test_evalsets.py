@@ -42,9 +42,22 @@ def test_jsonl_prompts(tmp_path):
         f.write('{"prompt": "z"}\n')
     assert evalsets.load_prompts(str(gz)) == ["z"]
     assert evalsets.dataset_label(str(gz)) == "p"
+    suite = tmp_path / "writing" / "prompts.jsonl"  # the suite's layout: a `text` field, the set's name as folder
+    suite.parent.mkdir()
+    suite.write_text('{"id": "w/1", "text": "Summarise this."}\n')
+    assert evalsets.load_prompts(str(suite)) == ["Summarise this."] and evalsets.dataset_label(str(suite)) == "writing"
 
 
-@pytest.mark.parametrize("content, message", [('{"text": "a"}\n', "line 1 must be a JSON object with a string `prompt`"),
+def test_the_suite_prompt_files_load_as_bench_prompts():
+    from pathlib import Path
+
+    suite = Path(__file__).resolve().parents[1] / "data" / "suite"
+    for name in ("writing", "math", "code_tasks"):
+        path = suite / name / "prompts.jsonl"
+        assert len(evalsets.load_prompts(str(path), 3)) == 3 and evalsets.dataset_label(str(path)) == name
+
+
+@pytest.mark.parametrize("content, message", [('{"txt": "a"}\n', "line 1 must be a JSON object with a string `prompt` \\(or `text`\\)"),
                                               ("\n", "no prompts found")])
 def test_jsonl_prompts_rejects_bad_files(tmp_path, content, message):
     path = tmp_path / "bad.jsonl"

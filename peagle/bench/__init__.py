@@ -48,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma list of node budgets for the tree arms (dynamic trees, draft_k deep; default 32)")
     p.add_argument("--batch-sizes", dest="batch_sizes", help="concurrency levels (default 1,4,8)")
     p.add_argument("--datasets", help="comma list: humaneval, mtbench (default both)")
-    p.add_argument("--prompts", action="append", default=[], metavar="FILE", help="JSONL file with a `prompt` field (repeatable)")
+    p.add_argument("--prompts", action="append", default=[], metavar="FILE", help="JSONL file with a `prompt` (or `text`) field (repeatable)")
     p.add_argument("--num-prompts", dest="num_prompts", type=int, help="prompts per dataset (default 8)")
     p.add_argument("--temperatures", help="comma list; 0 = greedy (default 0; e.g. 0,0.7)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (batch i of a repeat uses seed + i)")

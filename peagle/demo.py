@@ -38,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-k", dest="draft_k", help="one fixed draft_k for every drafting arm instead of its best one (>= 1)")
     p.add_argument("--model", default="embedded", help="embedded (default) or tiny (a random model, for tests)")
     p.add_argument("--compile", action="store_true", help=_compile_help())
+    p.add_argument("--int8-heads", dest="int8_heads", action="store_true",
+                   help="draft with int8 copies of the EAGLE-3 and P-EAGLE heads (peagle.quantize_int8; CPU only)")
     p.add_argument("--dtype", default="auto", help="auto (default: the faster here, peagle.machine), float32 or bfloat16")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default 0: peagle.machine.default_threads, "
                                                            "1 on a 2-core machine)")
@@ -62,16 +64,22 @@ def cycle_split(calls) -> tuple[float, float]:
     return split["draft_ms"], split["verify_ms"]
 
 
-def _drafters(target, model: str) -> tuple[dict, dict]:
+def _drafters(target, model: str, int8: bool = False) -> tuple[dict, dict]:
     """{drafter name: drafter} and {name: where its weights come from} for the demo's arms; a drafter
-    that cannot be had (no DFlash head shipped) is left out silently, and so are its arms."""
+    that cannot be had (no DFlash head shipped) is left out silently, and so are its arms.
+    ``int8``: the heads that have an int8 twin in DRAFTERS are built as it (peagle.quantize_int8)."""
     from peagle.bench.arms import DRAFTERS, demo_arms
 
     drafters, sources = {}, {}
     for arm in demo_arms():
         if arm.drafter in drafters:
             continue
-        drafter, source = DRAFTERS[arm.drafter].build(target, None, model == "embedded")
+        name = arm.drafter + "_int8" if int8 and arm.drafter + "_int8" in DRAFTERS else arm.drafter
+        drafter, source = DRAFTERS[name].build(target, None, model == "embedded")
+        if drafter is None and name != arm.drafter:  # no int8 here (a GPU target): the float head, saying why
+            why = source
+            drafter, source = DRAFTERS[arm.drafter].build(target, None, model == "embedded")
+            source = f"{source} (not int8: {why})"
         if drafter is not None:
             drafters[arm.drafter] = drafter
             if DRAFTERS[arm.drafter].weights:
@@ -238,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     target = load_bench_target(args.model, dtype, compile=args.compile)
     threads, threads_why = apply_threads(args.threads or "auto")  # load_target applied its own default
     dtype_reason = getattr(target, "dtype_reason", None) or f"{str(target.dtype).replace('torch.', '')}: requested"
-    drafters, sources = _drafters(target, args.model)
+    drafters, sources = _drafters(target, args.model, args.int8_heads)
     specs = _specs(drafters, int(args.draft_k) if args.draft_k else None)
     texts = humaneval_prompts(args.per_dataset) + mtbench_prompts(args.per_dataset)
     prompts = encode_prompts(target, texts, chat=True)
@@ -254,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
         if not exact:  # the identity column is a float32 check: the same arms on the same prompts
             check_target = load_bench_target(args.model, torch.float32)
             apply_threads(threads)
-            check = _run_arms(check_target, _drafters(check_target, args.model)[0], specs, prompts, args.max_new_tokens, bar)
+            check = _run_arms(check_target, _drafters(check_target, args.model, args.int8_heads)[0], specs, prompts, args.max_new_tokens, bar)
 
     step_ms = cycle_split(results[specs[0]])[1]
     facts = cpu_facts()
@@ -279,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
                   "not in the table) is where it starts measuring."]
     if not exact:
         lines += [""] + _near_ties(target, prompts, results, specs)
-    if any(src == RANDOM_HEAD_WARNING for src in sources.values()):
+    if any(src.startswith(RANDOM_HEAD_WARNING) for src in sources.values()):
         lines += ["", f"note: no trained heads found ({RANDOM_HEAD_WARNING}); their speed shows the cost of "
                       "drafting, not its benefit. Train heads with `peagle train`."]
     peagle_spec = next((s for s in specs if s.arm == "peagle"), specs[0])

@@ -92,3 +92,13 @@ def test_demo_compile_runs_the_arms_over_the_compiled_target_and_stays_identical
     assert len(rows) > 5 and all(r[-1] == "yes |" for r in rows[1:])
     assert {type(h).__name__ for h in heads} == {"Eagle3Drafter", "PEagleDrafter"}
     assert all(sum(h.static.counts.values()) > 0 for h in heads)  # their passes ran compiled widths
+
+
+def test_int8_heads_draft_the_demo_arms_and_stay_identical(capsys):
+    out = _run_demo(capsys, "--int8-heads")
+    rows = _rows(out)
+    assert any(r[0] == "| P-EAGLE" for r in rows) and any(r[0] == "| EAGLE-3 tree" for r in rows)
+    assert all(r[-1] == "yes |" for r in rows[1:])  # int8 drafts, the target's own output
+    assert "EAGLE-3 head: random-init head: acceptance is meaningless, int8 weights (fc in the head's dtype)" in out
+    assert "P-EAGLE head: random-init head: acceptance is meaningless, int8 weights" in out
+    assert "random-init head: acceptance is meaningless" in out

@@ -75,7 +75,7 @@ def jsonl_prompts(path: str | Path, n: int | None = None) -> list[str]:
             raise ValueError(f"{path}: line {i + 1} must be a JSON object with a string `prompt` (or `text`) field")
         prompts.append(text)
     if not prompts:
-        raise ValueError(f"{path}: no prompts found (expected one JSON object per line with a `prompt` field)")
+        raise ValueError(f"{path}: no prompts found (expected one JSON object per line with a `prompt` or `text` field)")
     return prompts[:n] if n is not None else prompts
 
 
@@ -96,4 +96,4 @@ def dataset_label(name: str) -> str:
     if name in DATASETS:
         return name
     stem = Path(name).name.split(".")[0]
-    return Path(name).parent.name or stem if stem == "prompts" else stem
+    return (Path(name).parent.name or stem) if stem == "prompts" else stem

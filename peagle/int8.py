@@ -59,12 +59,12 @@ class Int8Linear(nn.Module):
         super().__init__()
         if weight.dim() != 2:
             raise ValueError(f"weight must be 2-D [out_features, in_features], got shape {tuple(weight.shape)}")
-        self.engine = int8_engine()
+        engine = int8_engine()
         self.out_features, self.in_features = weight.shape
         w = weight.detach().float().cpu()
         scales = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0).double()
         zero = torch.zeros(w.shape[0], dtype=torch.long)
-        with _engine(self.engine), warnings.catch_warnings():
+        with _engine(engine), warnings.catch_warnings():
             # torch marks its quantized tensor types deprecated; int8_engine() checks the ops still exist
             warnings.filterwarnings("ignore", message=".*quantized tensor creation functions", category=UserWarning)
             self._packed = torch.ops.quantized.linear_prepack(

@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import peagle  # noqa: E402
+from peagle.int8 import is_int8  # noqa: E402
 from peagle.stats import per_cycle_ms  # noqa: E402
 
 ARMS = [("plain", None, {}), ("EAGLE-3 K=3", "eagle3", {"draft_k": 3}), ("P-EAGLE K=3", "peagle", {"draft_k": 3}),
@@ -174,7 +175,7 @@ def main(argv=None) -> int:
     compile_s["target"] = time.perf_counter() - start
     start = time.perf_counter()
     for kind, head in drafters.items():
-        if not kind.endswith("_int8"):  # int8 heads draft eagerly in every stage (compile_drafter refuses them)
+        if not is_int8(head):  # int8 heads draft eagerly in every stage (compile_drafter refuses them)
             peagle.compile_drafter(head, widths=WIDTHS, warm=length, target=target, **how)
     compile_s["drafters"] = time.perf_counter() - start
     compiled = {"target": target.static, **{kind: head.static for kind, head in drafters.items()}}

@@ -7,8 +7,10 @@
 #
 # Kinds (peagle/train/data/sources.py and magpie.py): writing (a document plus a task), math (word
 # problems), code_tasks (fix, refactor, review...), long_turns (2-4k-token conversations), magpie
-# (requests the target writes itself). Every directory keeps the suite's sets and the held-out
-# ShareGPT shards out (--exclude-prompts; the broad kinds' own "eval" split is disjoint by construction).
+# (requests the target writes itself), long_stitched (2.5-4k-token conversations stitched from several
+# chats; not in the default KINDS: KINDS=long_stitched N=2000). Every directory keeps the suite's sets and
+# the held-out ShareGPT shards out (--exclude-prompts, by conversation; the broad kinds' own "eval"
+# split is disjoint by construction).
 set -euo pipefail
 PY=${PY:-python}
 N=${N:-2000}                 # prompts per kind (long_turns: N / 2)
@@ -16,7 +18,7 @@ SHARD=${SHARD:-200}             # the committed directories' shard size (a resum
 ENGINE=${ENGINE:-batcher}
 BATCH=${BATCH:-64}
 KINDS=${KINDS:-"writing math code_tasks long_turns magpie"}
-EXCLUDE=data/embedded-regenerated/prompts.jsonl:18-19:128
+EXCLUDE="data/embedded-regenerated/prompts.jsonl:18-19:128 data/long-context/prompts.jsonl.gz"
 
 $PY -m peagle.train suite-data --threads 1 --batch-size "$BATCH"
 listed() {  # prompts already listed in a data directory (0 before its first run)
@@ -26,15 +28,18 @@ listed() {  # prompts already listed in a data directory (0 before its first run
 for kind in $KINDS; do
   out=data/broad-$kind
   want=$N; [ "$kind" = long_turns ] && want=$((N / 2))
+  shard=$SHARD; batch=$BATCH  # long contexts: smaller shards (one is committed sooner) and batches (KV memory)
+  case "$kind" in long_*) shard=${LONG_SHARD:-100}; batch=${LONG_BATCH:-32} ;; esac
+  [ "$kind" = long_turns ] && { shard=$SHARD; batch=$BATCH; }  # its committed directory: written with these
   have=$(listed "$out")
   more=()  # raising N appends prompts (ids not used yet) to a directory whose last shard is finished
   if [ "$have" -gt 0 ] && [ "$have" -lt "$want" ]; then more=(--add-prompts); want=$((want - have)); fi
-  common=(--target default --out "$out" --max-new-tokens 256 --temperature 0 --seed 21 --shard-size "$SHARD"
-          --batch-size "$BATCH" --dtype auto --engine "$ENGINE" --threads 1 --exclude-prompts "$EXCLUDE")
+  common=(--target default --out "$out" --max-new-tokens 256 --temperature 0 --seed 21 --shard-size "$shard"
+          --batch-size "$batch" --dtype auto --engine "$ENGINE" --threads 1 --exclude-prompts $EXCLUDE)
   case "$kind" in
     magpie)     $PY -m peagle.train data "${common[@]}" --prompts sharegpt --num-prompts 0 --magpie-prompts "$want" "${more[@]}" \
                     --max-prompt-tokens 1024 ;;
-    long_turns) $PY -m peagle.train data "${common[@]}" --prompts long_turns --num-prompts "$want" "${more[@]}" \
+    long_*)     $PY -m peagle.train data "${common[@]}" --prompts "$kind" --num-prompts "$want" "${more[@]}" \
                     --max-prompt-tokens 4608 ;;
     *)          $PY -m peagle.train data "${common[@]}" --prompts "$kind" --num-prompts "$want" "${more[@]}" --max-prompt-tokens 2048 ;;
   esac

@@ -28,10 +28,10 @@ def _add_data(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", default="sharegpt,stdlib",
                    help="comma list of prompt sources: sharegpt (first turns), sharegpt_turns (later turns with the "
                         "conversation so far), stdlib (code); or broad kinds, one directory each: writing (a document plus a "
-                        "task), math (word problems), code_tasks (fix, refactor, review...), long_turns (2-4k-token conversations)")
-    p.add_argument("--exclude-prompts", default=None,
-                   help="a prompts.jsonl (optionally :SHARDS:SIZE, e.g. data/x/prompts.jsonl:18-19:128) whose prompts, "
-                        "and their conversations, are never used: keeps an older held-out set held out")
+                        "task), math (word problems), code_tasks (fix, refactor, review...), long_turns (2-4k-token conversations), long_stitched (2.5-4k tokens stitched from several chats)")
+    p.add_argument("--exclude-prompts", nargs="+", default=None, metavar="SPEC",
+                   help="prompts.jsonl files (each optionally :SHARDS:SIZE, e.g. data/x/prompts.jsonl:18-19:128) whose prompts, "
+                        "and their conversations, are never used: keeps older held-out sets held out")
     p.add_argument("--engine", default="batcher", choices=["batcher", "loop", "vllm"],
                    help="batcher: continuous batching (default); loop: peagle.generate batch by batch; vllm: vLLM's "
                         "offline engine in its own venv (PEAGLE_VLLM_PYTHON, default .venv-vllm/bin/python)")
@@ -97,7 +97,7 @@ def _run_data(args) -> int:
     if fresh or args.add_prompts:
         sources = tuple(s.strip() for s in args.prompts.split(",") if s.strip())
         try:
-            exclude = excluded_ids(args.exclude_prompts) if args.exclude_prompts else set()
+            exclude = set().union(*(excluded_ids(spec) for spec in args.exclude_prompts or ()))
         except (OSError, ValueError) as err:
             raise SystemExit(f"--exclude-prompts: {err}")
         if args.add_prompts:

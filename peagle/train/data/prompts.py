@@ -13,6 +13,7 @@ import sysconfig
 from pathlib import Path
 
 from .corpora import SHAREGPT_FILE, SHAREGPT_PACKAGE, documented_functions, iter_json_array, package_dir
+from .held_out import conversations_of
 from .sources import SOURCES as BROAD
 
 # Code prompts: `{code}` is a signature + docstring (HumanEval's shape), `{source}` a whole function.
@@ -139,7 +140,7 @@ def stdlib_code_prompts(limit: int, seed: int = 0) -> list[dict]:
     return out
 
 
-SOURCES = ("sharegpt", "sharegpt_turns", "stdlib", "writing", "math", "code_tasks", "long_turns")
+SOURCES = ("sharegpt", "sharegpt_turns", "stdlib", "writing", "math", "code_tasks", "long_turns", "long_stitched")
 BROAD_SOURCES = SOURCES[3:]  # peagle/train/data/sources.py: split into train and eval material
 
 
@@ -198,11 +199,14 @@ def broad_prompts(num_prompts: int, sources, seed: int = 0, split: str = "train"
     if mixed:
         raise ValueError(f"--prompts: {sorted(mixed)} cannot be mixed with {sorted(sources)}; use one data directory each")
     keep = EvalFilter()
+    # an excluded prompt keeps its whole conversation out, in whatever shape another source uses it
+    excluded_conversations = frozenset().union(*(conversations_of(i) for i in exclude_ids))
     out: list[dict] = []
     for i, name in enumerate(sources):
         want = num_prompts // len(sources) + (i < num_prompts % len(sources))
         drawn = 2 * want + 16 + sum(pid.startswith(f"{name}/") for pid in exclude_ids)  # past the ids already listed
         found = [p for p in BROAD[name](drawn, seed, split) if p["id"] not in exclude_ids
+                 and not conversations_of(p["id"], tuple(p.get("conversations", ()))) & excluded_conversations
                  and all(map(keep, [m["content"] for m in p.get("messages", []) if m["role"] == "user"] or [p["text"]]))]
         out += found[:want]
     random.Random(seed).shuffle(out)

@@ -20,21 +20,29 @@ from pathlib import Path
 
 import torch
 
+from .held_out import conversations_of, held_out_conversations
 from .shards import parse_shards, read_rows, shard_dir, shard_metadata
 
 
-def training_rows(data_dir: str | Path, max_len: int, shards: str | None = None,
-                  keep: set[tuple[int, int]] | None = None) -> list[tuple[int, int, list[int], int]]:
-    """(shard, row, ids cut to max_len, prompt_len) per usable sequence, in shard then row order;
-    with ``keep``, only the (shard, row) pairs it holds."""
-    out = []
+def usable_rows(data_dir: str | Path, max_len: int, shards: str | None = None,
+                keep: set[tuple[int, int]] | None = None):
+    """Yield (shard, row, ids cut to max_len, prompt_len, prompt id) per usable sequence (one answer
+    position at least), in shard then row order; with ``keep``, only the (shard, row) pairs it holds."""
     for m in shard_metadata(data_dir, parse_shards(shards)):
         rows = read_rows(shard_dir(data_dir, m["shard"]))
-        for r, (ids, p) in enumerate(zip(rows["input_ids"], rows["prompt_len"])):
+        for r, (ids, p, pid) in enumerate(zip(rows["input_ids"], rows["prompt_len"], rows["id"])):
             ids = list(ids)[:max_len]
-            if len(ids) - p >= 2 and (keep is None or (m["shard"], r) in keep):  # at least one supervised position
-                out.append((m["shard"], r, ids, int(p)))
-    return out
+            if len(ids) - p >= 2 and (keep is None or (m["shard"], r) in keep):
+                yield m["shard"], r, ids, int(p), pid
+
+
+def training_rows(data_dir: str | Path, max_len: int, shards: str | None = None,
+                  keep: set[tuple[int, int]] | None = None,
+                  drop: frozenset[str] = frozenset()) -> list[tuple[int, int, list[int], int]]:
+    """(shard, row, ids cut to max_len, prompt_len) per usable sequence (:func:`usable_rows`), less
+    the rows whose prompt shares a ShareGPT conversation with ``drop`` (peagle.train.data.held_out)."""
+    return [row[:4] for row in usable_rows(data_dir, max_len, shards, keep)
+            if not (drop and conversations_of(row[4]) & drop)]
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
@@ -54,11 +62,12 @@ def global_batch(step: int, n: int, batch_size: int, seed: int) -> list[int]:
 
 
 def drawn_rows(data_dir: str | Path, shards: str | None, max_len: int, batch_size: int, seed: int, steps: int,
-               keep: set[tuple[int, int]] | None = None) -> set[tuple[int, int]]:
-    """The (shard, row) pairs a run with these settings read in its first ``steps`` steps."""
+               keep: set[tuple[int, int]] | None = None, drop: frozenset[str] | None = None) -> set[tuple[int, int]]:
+    """The (shard, row) pairs a run with these settings read in its first ``steps`` steps; ``drop``
+    (default: the held-out sets' conversations, as the training loop leaves them out)."""
     if steps < 0 or batch_size < 1:
         raise ValueError(f"need steps >= 0 and batch_size >= 1, got steps={steps}, batch_size={batch_size}")
-    rows = training_rows(data_dir, max_len, shards, keep)
+    rows = training_rows(data_dir, max_len, shards, keep, held_out_conversations() if drop is None else drop)
     if not rows:
         raise ValueError(f"{data_dir} holds no usable sequence in shards {shards!r}")
     n, drawn = len(rows), set()

@@ -15,6 +15,12 @@ benchmark prompt) in :func:`peagle.train.data.prompts.build_prompts`.
   document, analyse or port: code requests beyond completion.
 * ``long_turns``: later turns of long ShareGPT conversations (contexts of 9,000-16,000
   characters, about 2-4k tokens), the long multi-turn contexts.
+* ``long_stitched``: a later ShareGPT turn with its conversation so far, preceded by whole earlier
+  ShareGPT exchanges (a chat that moves between topics) until the context holds 2.5-4k tokens: long
+  contexts beyond the few ShareGPT conversations that are long by themselves.
+
+Records built from several conversations list them in ``conversations`` (``sharegpt/C`` each), so an
+exclusion by conversation reaches every part.
 """
 from __future__ import annotations
 
@@ -226,5 +232,61 @@ def long_turn_prompts(limit: int, seed: int = 0, split: str = "train", min_conte
     return out[:limit]
 
 
+def _sharegpt_chats(split: str) -> list[tuple[str, list[dict]]]:
+    """(conversation id, its alternating user / assistant messages) for every usable ShareGPT chat of ``split``."""
+    roles = {"human": "user", "gpt": "assistant"}
+    chats = []
+    for n, conv in enumerate(iter_json_array(package_dir(SHAREGPT_PACKAGE) / SHAREGPT_FILE)):
+        cid = str(conv.get("id", n))
+        if not in_split(f"sharegpt/{cid}", split):
+            continue
+        messages: list[dict] = []
+        for t in (x for x in conv.get("conversations", []) if x.get("from") in roles):
+            role, text = roles[t["from"]], t.get("value", "").strip()
+            if (not messages and role != "user") or (messages and messages[-1]["role"] == role) or not text \
+                    or not _mostly_ascii(text, 0.9):
+                break
+            messages.append({"role": role, "content": text})
+        if len(messages) >= 2:
+            chats.append((cid, messages))
+    return chats
+
+
+def long_stitched_prompts(limit: int, seed: int = 0, split: str = "train", min_context_chars: int = 11000,
+                          max_context_chars: int = 17000, max_last_chars: int = 6000) -> list[dict]:
+    """Long conversations stitched from several ShareGPT chats (about 2.5-4k tokens of context).
+
+    The last chat contributes its latest user turn (with at most ``max_last_chars`` of its own
+    conversation before it); whole exchanges of other chats (user, assistant, ..., ending with an
+    answer) go before it until the context holds ``min_context_chars`` to ``max_context_chars``
+    characters. Every chat is used at most once, and the records come in a fixed order for a
+    ``seed``, so a larger ``limit`` only appends.
+    """
+    chats = _sharegpt_chats(split)
+    random.Random(seed).shuffle(chats)
+    out: list[dict] = []
+    while chats and len(out) < limit:
+        cid, msgs = chats.pop()
+        users = [j for j, m in enumerate(msgs) if m["role"] == "user" and 16 <= len(m["content"]) <= 2000
+                 and sum(len(x["content"]) for x in msgs[:j + 1]) <= max_last_chars]
+        if not users:
+            continue
+        messages, ids = msgs[:users[-1] + 1], [cid]
+        size = sum(len(m["content"]) for m in messages)
+        while chats and size < min_context_chars:
+            eid, earlier = chats.pop()
+            whole = earlier[:len(earlier) - (earlier[-1]["role"] == "user")]  # end with an answer
+            extra = sum(len(m["content"]) for m in whole)
+            if size + extra > max_context_chars:
+                continue  # too long to fit: that chat is left out, not cut
+            messages, size = whole + messages, size + extra
+            ids.insert(0, eid)
+        if min_context_chars <= size <= max_context_chars:
+            out.append({"id": "long_stitched/" + "+".join(ids), "source": "long_stitched",
+                        "text": messages[-1]["content"], "messages": messages,
+                        "conversations": [f"sharegpt/{i}" for i in ids]})
+    return out
+
+
 SOURCES = {"writing": writing_prompts, "math": math_prompts, "code_tasks": code_task_prompts,
-           "long_turns": long_turn_prompts}
+           "long_turns": long_turn_prompts, "long_stitched": long_stitched_prompts}

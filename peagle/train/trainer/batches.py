@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 
 from ..data.features import DraftVocabLogits, FeatureCache, extract
-from ..data.rows import read_row_file, training_rows
+from ..data.held_out import conversations_of
+from ..data.rows import read_row_file, usable_rows
 from ..packed.forward import Features
 from ..packed.stream import pack
 from .precondition import aux_rms
@@ -17,9 +18,15 @@ class TrainSet:
     """Sequences of a data directory (cut to max_len) and their features."""
 
     def __init__(self, data_dir: str | Path, max_len: int, target, used_ids: torch.Tensor, features: str,
-                 shards: str | None = None, rows: str | None = None):
+                 shards: str | None = None, rows: str | None = None, drop: frozenset[str] = frozenset(),
+                 skip_ids: frozenset[str] = frozenset()):
+        """drop: ShareGPT conversations whose rows are left out; skip_ids: prompt ids left out
+        (peagle.train.data.held_out)."""
         keep = read_row_file(rows) if rows else None  # a row file (peagle.train.data.rows) narrows the shards
-        self.rows = training_rows(data_dir, max_len, shards, keep)  # (shard, row, ids, prompt_len)
+        listed = list(usable_rows(data_dir, max_len, shards, keep))
+        self.rows = [r[:4] for r in listed  # (shard, row, ids, prompt_len)
+                     if r[4] not in skip_ids and not (drop and conversations_of(r[4]) & drop)]
+        self.dropped = len(listed) - len(self.rows)
         if not self.rows:
             where = f" in shards {shards!r}" if shards else ""
             where += f" among the rows of {rows}" if rows else ""

@@ -23,6 +23,7 @@ from ...checkpoint import from_pretrained
 from ...embedded import load_target_by_name
 from ...machine import apply_threads
 from .. import kinds as train_kinds
+from ..data.held_out import contaminated_prompts
 from ..data.shards import parse_shards
 from ..packed.forward import StepStats
 from .batches import TrainSet, micro_batches
@@ -48,6 +49,7 @@ class HeldOutResult:
     # Per context bin (tokens before the anchor, CONTEXT_BINS): {"context": "512-1023", "anchors": n,
     # "acceptance_length": x}; bins without anchors are left out.
     acceptance_by_context: list[dict] = field(default_factory=list)
+    skipped: int = 0  # held-out sequences left out: a committed training directory answers the same request
 
     def table(self) -> str:
         rows = ["| depth | KL | agreement | P(accepted through here) |", "|---|---|---|---|"]
@@ -57,13 +59,14 @@ class HeldOutResult:
         by_context = ", ".join(f"{b['context']}: {b['acceptance_length']:.3f} ({b['anchors']})"
                                for b in self.acceptance_by_context)
         return ("\n".join(rows) + f"\nacceptance length {self.acceptance_length:.3f} over {self.anchors} anchors"
-                + (f"\nby context tokens (anchors): {by_context}" if by_context else ""))
+                + (f"\nby context tokens (anchors): {by_context}" if by_context else "")
+                + (f"\nleft out {self.skipped} sequences whose request training data also answers" if self.skipped else ""))
 
 
 def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None, draft_k: int | None = None,
                   max_len: int = 1024, micro_batch_tokens: int = 4096, max_sequences: int | None = None,
                   show_progress: bool = True, head_name: str = "", eval_options: dict | None = None,
-                  features: str = "cache") -> HeldOutResult:
+                  features: str = "cache", skip_trained: bool = True) -> HeldOutResult:
     """Evaluate ``head`` (a trained head of a trainable kind) on the answers of ``data_dir``.
 
     features: "cache" reads ``DATA/features`` (``peagle train features``); "online" runs the target
@@ -73,6 +76,8 @@ def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None,
     in [1, max_draft_k]. Every chain is kept at every depth (no COD sampling).
     eval_options: keyword options of the kind's ``eval_step``, named in its ``eval_options``
     (DFlash: ``anchor_stride``).
+    skip_trained: leave out the held-out prompts whose very request a committed training directory
+    also answers (peagle.train.data.held_out.contaminated_prompts).
     """
     from tqdm.auto import tqdm
 
@@ -95,7 +100,8 @@ def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None,
         raise ValueError(f"features must be 'cache' or 'online', got {features!r}")
     used_ids = kind.eval_vocab(head, target)
     head.bind(target)  # the target's embedding table (EAGLE-3, compact P-EAGLE heads) and the aux layers it reads
-    data = TrainSet(data_dir, max_len, target, used_ids, features, shards)
+    data = TrainSet(data_dir, max_len, target, used_ids, features, shards,
+                    skip_ids=contaminated_prompts() if skip_trained else frozenset())
     order = list(range(len(data)))[: max_sequences or None]
     lengths = [len(r[2]) for r in data.rows]
     head = head.float().eval()
@@ -139,7 +145,7 @@ def evaluate_head(head, target, data_dir: str | Path, shards: str | None = None,
         head=head_name, kind=kind.name, shards=shards, draft_k=K, sequences=len(order), answer_tokens=answer_tokens,
         kl_by_depth=(torch.tensor(stats.loss_sum[:K]) / n).tolist(), agreement_by_depth=(agree_sum / n).tolist(),
         acceptance_by_position=by_pos, acceptance_length=1.0 + sum(by_pos), anchors=anchors,
-        acceptance_by_context=_by_context(bin_accepted, bin_anchors))
+        acceptance_by_context=_by_context(bin_accepted, bin_anchors), skipped=data.dropped)
 
 
 def _by_context(accepted: torch.Tensor, anchors: torch.Tensor) -> list[dict]:

@@ -26,6 +26,7 @@ from ...checkpoint import save_pretrained
 from ...embedded import load_target_by_name
 from ...machine import apply_threads
 from .. import kinds as train_kinds
+from ..data.held_out import held_out_conversations
 from ..data.rows import global_batch
 from ..packed.forward import StepStats
 from .batches import TrainSet, micro_batches, sample_aux_rms
@@ -74,7 +75,11 @@ class Run:
         self.kind = train_kinds.get(cfg.kind)
         self.kind.prepare_target(cfg, target)  # e.g. the target layers the head reads, before the features load
         used_ids = self.kind.train_vocab(cfg, target)
-        self.data = TrainSet(cfg.data, cfg.max_len, target, used_ids, cfg.features, cfg.shards, cfg.rows)
+        # the evaluation suite's ShareGPT-derived sets stay out of training, whichever directory holds them
+        self.data = TrainSet(cfg.data, cfg.max_len, target, used_ids, cfg.features, cfg.shards, cfg.rows,
+                             drop=held_out_conversations())
+        if self.data.dropped and self.accelerator.is_main_process:
+            print(f"left out {self.data.dropped} sequences that share a conversation with the held-out sets", flush=True)
         self.lengths = [len(r[2]) for r in self.data.rows]
         steps_per_epoch = math.ceil(len(self.data) / cfg.batch_size)
         self.total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))  # the length asked for

@@ -68,18 +68,13 @@ def _drafters(target, model: str, int8: bool = False) -> tuple[dict, dict]:
     """{drafter name: drafter} and {name: where its weights come from} for the demo's arms; a drafter
     that cannot be had (no DFlash head shipped) is left out silently, and so are its arms.
     ``int8``: the heads that have an int8 twin in DRAFTERS are built as it (peagle.quantize_int8)."""
-    from peagle.bench.arms import DRAFTERS, demo_arms
+    from peagle.bench.arms import DRAFTERS, build_drafter, demo_arms
 
     drafters, sources = {}, {}
     for arm in demo_arms():
         if arm.drafter in drafters:
             continue
-        name = arm.drafter + "_int8" if int8 and arm.drafter + "_int8" in DRAFTERS else arm.drafter
-        drafter, source = DRAFTERS[name].build(target, None, model == "embedded")
-        if drafter is None and name != arm.drafter:  # no int8 here (a GPU target): the float head, saying why
-            why = source
-            drafter, source = DRAFTERS[arm.drafter].build(target, None, model == "embedded")
-            source = f"{source} (not int8: {why})"
+        drafter, source = build_drafter(arm.drafter, target, None, model == "embedded", int8)
         if drafter is not None:
             drafters[arm.drafter] = drafter
             if DRAFTERS[arm.drafter].weights:

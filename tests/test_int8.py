@@ -153,3 +153,16 @@ def test_int8_drafting_script_dry_run(capsys):
     out = capsys.readouterr().out
     assert out.count("| 2/2 |") == 16  # 2 heads x 4 variants, each printed as measured and in the table: all = plain
     assert "| eagle3 | all but fc (default) |" in out and "| (64, 96) | 8 |" in out
+
+
+def test_bench_int8_heads_flag_quantises_every_head_arm(tmp_path, capsys):
+    """--int8-heads: tree and n-gram-branch arms draft with int8 copies too; the output stays plain's."""
+    from peagle import bench
+
+    argv = ["--quick", "--datasets", "", "--prompts", str(_prompts(tmp_path)), "--arms",
+            "plain,eagle3_tree_ngram,peagle_tree", "--draft-k", "2", "--tree-nodes", "4", "--batch-sizes", "1",
+            "--temperatures", "0", "--int8-heads", "--json", "--out", str(tmp_path / "out")]
+    assert bench.main(argv) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert all(r["identical_to_plain"] == 1.0 for r in line["rows"])
+    assert all(line["meta"]["heads"][k].endswith("int8 weights (fc in the head's dtype)") for k in ("eagle3", "peagle"))

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from .arms import ARMS, AUTO_RULES, DEFAULT_ARMS, DRAFTERS, ArmRunner
+from .arms import ARMS, AUTO_RULES, DEFAULT_ARMS, DRAFTERS, ArmRunner, build_drafter
 from .journal import Journal
 from .models import COMPILE_HELP
 from .sweep import SweepConfig, chunks, count_runs, run_group
@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", help="auto | bfloat16 | float32 | float16 (default auto: the faster here, "
                                    "peagle.machine; --quick float32)")
     p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
+    p.add_argument("--int8-heads", dest="int8_heads", action="store_true",
+                   help="every EAGLE-3 / P-EAGLE arm (chains, trees, n-gram branches) drafts with an int8 copy of its "
+                        "head (peagle.quantize_int8; CPU only, the float head where int8 cannot run)")
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                    help=f"comma list from {','.join(ARMS)} (default: all but dflash and the llama.cpp arms)")
     p.add_argument("--gguf", help="GGUF file for the llama.cpp arms (default: the embedded model's)")
@@ -214,7 +217,8 @@ def _load_drafters(args: argparse.Namespace, target, arms: tuple[str, ...]) -> t
     for name, source in DRAFTERS.items():
         if any(ARMS[a].drafter == name for a in arms):
             path = getattr(args, f"{source.head_option or name}_head", None)  # --peagle-head, --eagle3-head, --dflash-head
-            drafter, why = source.build(target, path, args.model == "embedded" or path is not None)
+            drafter, why = build_drafter(name, target, path, args.model == "embedded" or path is not None,
+                                         getattr(args, "int8_heads", False))
             if drafter is None:
                 print(f"{ARMS[name].label} skipped: {why}", file=sys.stderr)
             else:

@@ -162,6 +162,19 @@ DRAFTERS: dict[str, DrafterSource] = {
 }
 
 
+def build_drafter(name: str, target, path: str | None, allow_trained: bool, int8: bool = False) -> tuple[object | None, str]:
+    """DRAFTERS[name]'s (drafter, source), or its int8 twin's where ``int8`` and one exists. Where the
+    twin cannot run (a GPU target) the float head is built, its source saying why."""
+    twin = f"{name}_int8"
+    if not (int8 and twin in DRAFTERS):
+        return DRAFTERS[name].build(target, path, allow_trained)
+    drafter, source = DRAFTERS[twin].build(target, path, allow_trained)
+    if drafter is not None:
+        return drafter, source
+    drafter, fallback = DRAFTERS[name].build(target, path, allow_trained)
+    return drafter, f"{fallback} (not int8: {source})" if drafter is not None else fallback
+
+
 @dataclass(frozen=True)
 class ArmSpec:
     arm: str  # a key of ARMS

@@ -104,3 +104,20 @@ def test_new_long_prompts_keep_every_held_out_conversation_out():
     assert len(ps) == 60 and not any(conversations_of(p["id"], tuple(p["conversations"])) & held for p in ps)
     unfiltered = sources.long_stitched_prompts(400, 21, "train")
     assert any(set(p["conversations"]) & held for p in unfiltered)  # so the exclusion above had work to do
+
+
+@needs_data
+def test_data_command_never_lists_a_held_out_conversation(tmp_path, monkeypatch):
+    """`peagle train data` keeps the held-out sets' conversations out even without --exclude-prompts."""
+    from peagle.train.cli import main as train_main
+    from peagle.train.data import regeneration
+
+    monkeypatch.setattr(regeneration, "load_target_by_name", lambda *a, **k: object())
+    monkeypatch.setattr(regeneration, "regenerate", lambda *a, **k: [])  # the prompt list is what is checked
+    out = tmp_path / "d"
+    assert train_main(["data", "--out", str(out), "--prompts", "long_stitched", "--num-prompts", "300",
+                       "--dtype", "float32", "--threads", "1"]) == 0
+    listed = _prompts(out / "prompts.jsonl")
+    assert len(listed) == 300
+    held = held_out_conversations()
+    assert not any(conversations_of(p["id"], tuple(p["conversations"])) & held for p in listed)

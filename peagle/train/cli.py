@@ -60,6 +60,7 @@ def _add_data(p: argparse.ArgumentParser) -> None:
 
 def _run_data(args) -> int:
 
+    from .data.held_out import held_out_conversations
     from .data.prompts import build_prompts
     from .data.regeneration import (
         GenerationSettings,
@@ -98,6 +99,7 @@ def _run_data(args) -> int:
         sources = tuple(s.strip() for s in args.prompts.split(",") if s.strip())
         try:
             exclude = set().union(*(excluded_ids(spec) for spec in args.exclude_prompts or ()))
+            exclude |= held_out_conversations()  # what training would drop anyway is never generated
         except (OSError, ValueError) as err:
             raise SystemExit(f"--exclude-prompts: {err}")
         if args.add_prompts:

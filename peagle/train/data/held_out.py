@@ -77,6 +77,24 @@ def _records(spec: str) -> list[dict]:
     return lines
 
 
+def _answered(spec: str) -> list[dict]:
+    """The records of a prompt list that its directory's finished shards answer (all of them where the
+    shards are in the older format, whose ids are costly to read)."""
+    import numpy as np
+
+    from .shards import ROWS_FILE
+
+    records = _records(spec)
+    files = sorted(Path(spec.partition(":")[0]).parent.glob(f"shards/[0-9]*/{ROWS_FILE}"))
+    if not files:
+        return records
+    ids = set()
+    for f in files:
+        with np.load(f) as z:
+            ids.update(z["id"].tolist())
+    return [p for p in records if p["id"] in ids]
+
+
 def final_turn(record: dict) -> tuple[str, str]:
     """(conversation, or the id for other material; text) of the request a prompt asks the target to answer."""
     convs = record.get("conversations") or sorted(conversations_of(record["id"]))
@@ -90,5 +108,5 @@ def contaminated_prompts(root: Path | None = None) -> frozenset[str]:
     root = REPO_ROOT if root is None else root
     present = [spec for spec in _expand(HELD_OUT, root) if Path(spec.partition(":")[0]).exists()]
     trained = {final_turn(p) for spec in _expand(TRAINED, root) if Path(spec.partition(":")[0]).exists()
-               for p in _records(spec)}
+               for p in _answered(spec)}
     return frozenset(p["id"] for spec in present for p in _records(spec) if final_turn(p) in trained)

@@ -18,6 +18,11 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
+from .regeneration import _read_jsonl
+from .shards import ROWS_FILE, parse_shards
+
 HELD_OUT = ("data/embedded-regenerated/prompts.jsonl:18-19:128", "data/long-context/prompts.jsonl.gz",
             "data/smollm2-v2/prompts.jsonl.gz:0:512")
 TRAINED = ("data/embedded-regenerated/prompts.jsonl:0-17:128", "data/smollm2-v2/prompts.jsonl.gz:1-99:512",
@@ -42,16 +47,14 @@ def conversations_of(prompt_id: str, listed: tuple[str, ...] = ()) -> frozenset[
 def held_out_conversations(specs: tuple[str, ...] = HELD_OUT, root: Path | None = None) -> frozenset[str]:
     """Conversations of the held-out sets (``PATH[:SHARDS:SIZE]`` specs, relative to ``root``, default the
     repository); sets whose file is absent (an installed package without the repository's data) add none."""
-    from .regeneration import excluded_ids
-
     root = REPO_ROOT if root is None else root
     out: set[str] = set()
     for spec in specs:
         path, sep, rest = spec.partition(":")
         full = Path(path) if Path(path).is_absolute() else root / path
         if full.exists():
-            for pid in excluded_ids(f"{full}{sep}{rest}"):
-                out |= conversations_of(pid)
+            for p in _records(f"{full}{sep}{rest}"):
+                out |= conversations_of(p["id"], tuple(p.get("conversations", ())))
     return frozenset(out)
 
 
@@ -64,13 +67,10 @@ def _expand(specs: tuple[str, ...], root: Path) -> tuple[str, ...]:
 
 
 def _records(spec: str) -> list[dict]:
-    from .regeneration import _read_jsonl
-
+    """The prompt records of ``PATH[:SHARDS:SIZE]`` (shard i = lines [i*SIZE, (i+1)*SIZE))."""
     path, _, rest = spec.partition(":")
     lines = _read_jsonl(Path(path))
     if rest:
-        from .shards import parse_shards
-
         shards, _, size = rest.partition(":")
         keep = parse_shards(shards) or set()
         lines = [p for i, p in enumerate(lines) if i // int(size) in keep]
@@ -80,10 +80,6 @@ def _records(spec: str) -> list[dict]:
 def _answered(spec: str) -> list[dict]:
     """The records of a prompt list that its directory's finished shards answer (all of them where the
     shards are in the older format, whose ids are costly to read)."""
-    import numpy as np
-
-    from .shards import ROWS_FILE
-
     records = _records(spec)
     files = sorted(Path(spec.partition(":")[0]).parent.glob(f"shards/[0-9]*/{ROWS_FILE}"))
     if not files:

@@ -19,7 +19,7 @@ from peagle.train.data.held_out import (
     held_out_conversations,
 )
 from peagle.train.data.prompts import broad_prompts
-from peagle.train.data.regeneration import excluded_ids
+from peagle.train.data.regeneration import excluded_ids, prompts_path
 from peagle.train.data.rows import training_rows
 
 DATA = REPO_ROOT / "data"
@@ -98,7 +98,8 @@ def test_stitched_long_conversations():
 
 @needs_data
 def test_new_long_prompts_keep_every_held_out_conversation_out():
-    exclude = set().union(*(excluded_ids(str(REPO_ROOT / spec)) for spec in HELD_OUT))
+    exclude = set().union(*(excluded_ids(f"{prompts_path(REPO_ROOT / d)}{sep}{rest}")
+                            for d, sep, rest in (spec.partition(":") for spec in HELD_OUT)))
     held = held_out_conversations()
     ps = broad_prompts(60, ["long_stitched"], seed=21, exclude_ids=exclude)
     assert len(ps) == 60 and not any(conversations_of(p["id"], tuple(p["conversations"])) & held for p in ps)

@@ -99,9 +99,9 @@ def _run_data(args) -> int:
         sources = tuple(s.strip() for s in args.prompts.split(",") if s.strip())
         try:
             exclude = set().union(*(excluded_ids(spec) for spec in args.exclude_prompts or ()))
-            exclude |= held_out_conversations()  # what training would drop anyway is never generated
         except (OSError, ValueError) as err:
             raise SystemExit(f"--exclude-prompts: {err}")
+        exclude |= held_out_conversations()  # what training would drop anyway is never generated
         if args.add_prompts:
             exclude |= {p["id"] for p in read_prompts(out)}
         n_listed = args.num_prompts if fresh or not args.magpie_prompts else 0

@@ -20,13 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .regeneration import _read_jsonl
-from .shards import ROWS_FILE, parse_shards
+from .regeneration import prompt_records, prompts_path
+from .shards import ROWS_FILE
 
-HELD_OUT = ("data/embedded-regenerated/prompts.jsonl:18-19:128", "data/long-context/prompts.jsonl.gz",
-            "data/smollm2-v2/prompts.jsonl.gz:0:512")
-TRAINED = ("data/embedded-regenerated/prompts.jsonl:0-17:128", "data/smollm2-v2/prompts.jsonl.gz:1-99:512",
-           "data/smollm2-v2-t07/prompts.jsonl.gz", "data/broad-*/prompts.jsonl")  # a * globs directories
+# data directories, each optionally :SHARDS:SIZE (shards of its prompt list); a * globs directories
+HELD_OUT = ("data/embedded-regenerated:18-19:128", "data/long-context", "data/smollm2-v2:0:512")
+TRAINED = ("data/embedded-regenerated:0-17:128", "data/smollm2-v2:1-99:512", "data/smollm2-v2-t07", "data/broad-*")
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -44,44 +43,33 @@ def conversations_of(prompt_id: str, listed: tuple[str, ...] = ()) -> frozenset[
     return frozenset(found | set(listed))
 
 
-def held_out_conversations(specs: tuple[str, ...] = HELD_OUT, root: Path | None = None) -> frozenset[str]:
-    """Conversations of the held-out sets (``PATH[:SHARDS:SIZE]`` specs, relative to ``root``, default the
-    repository); sets whose file is absent (an installed package without the repository's data) add none."""
-    root = REPO_ROOT if root is None else root
-    out: set[str] = set()
-    for spec in specs:
-        path, sep, rest = spec.partition(":")
-        full = Path(path) if Path(path).is_absolute() else root / path
-        if full.exists():
-            for p in _records(f"{full}{sep}{rest}"):
-                out |= conversations_of(p["id"], tuple(p.get("conversations", ())))
-    return frozenset(out)
-
-
-def _expand(specs: tuple[str, ...], root: Path) -> tuple[str, ...]:
+def _sets(specs: tuple[str, ...], root: Path) -> list[tuple[Path, str]]:
+    """(data directory, the ``:SHARDS:SIZE`` part or "") of every spec whose directory has a prompt list."""
     out = []
     for spec in specs:
         path, sep, rest = spec.partition(":")
-        out += [f"{p}{sep}{rest}" for p in sorted(root.glob(path))] if "*" in path else [str(root / path) + sep + rest]
-    return tuple(out)
+        dirs = sorted(root.glob(path)) if "*" in path else [root / path]
+        out += [(d, sep + rest) for d in dirs if prompts_path(d).exists()]
+    return out
 
 
-def _records(spec: str) -> list[dict]:
-    """The prompt records of ``PATH[:SHARDS:SIZE]`` (shard i = lines [i*SIZE, (i+1)*SIZE))."""
-    path, _, rest = spec.partition(":")
-    lines = _read_jsonl(Path(path))
-    if rest:
-        shards, _, size = rest.partition(":")
-        keep = parse_shards(shards) or set()
-        lines = [p for i, p in enumerate(lines) if i // int(size) in keep]
-    return lines
+def _records(data: Path, shards: str) -> list[dict]:
+    return prompt_records(f"{prompts_path(data)}{shards}")
 
 
-def _answered(spec: str) -> list[dict]:
-    """The records of a prompt list that its directory's finished shards answer (all of them where the
+@lru_cache(maxsize=4)
+def held_out_conversations(specs: tuple[str, ...] = HELD_OUT, root: Path | None = None) -> frozenset[str]:
+    """Conversations of the held-out sets (specs relative to ``root``, default the repository); sets that
+    are absent (an installed package without the repository's data) add none."""
+    return frozenset(c for data, shards in _sets(specs, REPO_ROOT if root is None else root)
+                     for p in _records(data, shards) for c in conversations_of(p["id"], tuple(p.get("conversations", ()))))
+
+
+def _answered(data: Path, shards: str) -> list[dict]:
+    """The records of a directory's prompt list that its finished shards answer (all of them where the
     shards are in the older format, whose ids are costly to read)."""
-    records = _records(spec)
-    files = sorted(Path(spec.partition(":")[0]).parent.glob(f"shards/[0-9]*/{ROWS_FILE}"))
+    records = _records(data, shards)
+    files = sorted(data.glob(f"shards/[0-9]*/{ROWS_FILE}"))
     if not files:
         return records
     ids = set()
@@ -102,7 +90,6 @@ def contaminated_prompts(root: Path | None = None) -> frozenset[str]:
     """Ids of held-out prompts whose very turn (conversation and request) a committed training directory
     also answers: the heads trained on those answers, so evaluation leaves them out."""
     root = REPO_ROOT if root is None else root
-    present = [spec for spec in _expand(HELD_OUT, root) if Path(spec.partition(":")[0]).exists()]
-    trained = {final_turn(p) for spec in _expand(TRAINED, root) if Path(spec.partition(":")[0]).exists()
-               for p in _answered(spec)}
-    return frozenset(p["id"] for spec in present for p in _records(spec) if final_turn(p) in trained)
+    trained = {final_turn(p) for data, shards in _sets(TRAINED, root) for p in _answered(data, shards)}
+    return frozenset(p["id"] for data, shards in _sets(HELD_OUT, root) for p in _records(data, shards)
+                     if final_turn(p) in trained)

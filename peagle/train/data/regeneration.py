@@ -69,13 +69,9 @@ def generation_dtype(name: str) -> str:
     return "bfloat16" if native else "float32"
 
 
-def excluded_ids(spec: str) -> set[str]:
-    """Prompt ids (and conversation ids) to keep out of new data: ``PROMPTS.jsonl[:SHARDS:SIZE]``.
-
-    With ``:18-19:128`` only the prompts of those shards of that file count (shard i = lines
-    [i*SIZE, (i+1)*SIZE)). A ShareGPT id ``sharegpt/C`` also excludes every turn ``sharegpt/C/j``,
-    and so does a record listing ``sharegpt/C`` in its ``conversations`` (a prompt stitched from several).
-    """
+def prompt_records(spec: str) -> list[dict]:
+    """The prompt records of ``PROMPTS.jsonl[:SHARDS:SIZE]`` (``.jsonl.gz`` too): with ``:18-19:128``
+    only those shards' prompts (shard i = lines [i*SIZE, (i+1)*SIZE))."""
     path, _, rest = spec.partition(":")
     lines = _read_jsonl(Path(path))
     if rest:
@@ -84,6 +80,15 @@ def excluded_ids(spec: str) -> set[str]:
             raise ValueError(f"exclude_prompts: expected PATH:SHARDS:SIZE, got {spec!r}")
         keep = parse_shards(shards) or set()
         lines = [p for i, p in enumerate(lines) if i // int(size) in keep]
+    return lines
+
+
+def excluded_ids(spec: str) -> set[str]:
+    """Prompt ids (and conversation ids) to keep out of new data: ``PROMPTS.jsonl[:SHARDS:SIZE]``
+    (:func:`prompt_records`). A ShareGPT id ``sharegpt/C`` also excludes every turn ``sharegpt/C/j``,
+    and so does a record listing ``sharegpt/C`` in its ``conversations`` (a prompt stitched from several).
+    """
+    lines = prompt_records(spec)
     return {p["id"] for p in lines} | {c for p in lines for c in p.get("conversations", ())}
 
 

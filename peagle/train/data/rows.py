@@ -36,13 +36,18 @@ def usable_rows(data_dir: str | Path, max_len: int, shards: str | None = None,
                 yield m["shard"], r, ids, int(p), pid
 
 
+def kept(prompt_id: str, drop: frozenset[str] = frozenset(), skip_ids: frozenset[str] = frozenset()) -> bool:
+    """Whether a row stays: its prompt is not in ``skip_ids`` and shares no ShareGPT conversation with
+    ``drop`` (peagle.train.data.held_out)."""
+    return prompt_id not in skip_ids and not (drop and conversations_of(prompt_id) & drop)
+
+
 def training_rows(data_dir: str | Path, max_len: int, shards: str | None = None,
                   keep: set[tuple[int, int]] | None = None,
                   drop: frozenset[str] = frozenset()) -> list[tuple[int, int, list[int], int]]:
-    """(shard, row, ids cut to max_len, prompt_len) per usable sequence (:func:`usable_rows`), less
-    the rows whose prompt shares a ShareGPT conversation with ``drop`` (peagle.train.data.held_out)."""
-    return [row[:4] for row in usable_rows(data_dir, max_len, shards, keep)
-            if not (drop and conversations_of(row[4]) & drop)]
+    """(shard, row, ids cut to max_len, prompt_len) per usable sequence (:func:`usable_rows`) that
+    :func:`kept` keeps."""
+    return [row[:4] for row in usable_rows(data_dir, max_len, shards, keep) if kept(row[4], drop)]
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:

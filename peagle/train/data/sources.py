@@ -210,30 +210,25 @@ def code_task_prompts(limit: int, seed: int = 0, split: str = "train") -> list[d
 def long_turn_prompts(limit: int, seed: int = 0, split: str = "train", min_context_chars: int = 9000,
                       max_context_chars: int = 16000) -> list[dict]:
     """Later user turns of ShareGPT conversations whose context so far is 9-16k characters (2-4k tokens)."""
-    roles = {"human": "user", "gpt": "assistant"}
     out: list[dict] = []
-    for conv in iter_json_array(package_dir(SHAREGPT_PACKAGE) / SHAREGPT_FILE):
-        cid = str(conv.get("id", len(out)))
-        if not in_split(f"sharegpt/{cid}", split):
-            continue
-        messages: list[dict] = []
-        for j, t in enumerate(x for x in conv.get("conversations", []) if x.get("from") in roles):
-            role, text = roles[t["from"]], t.get("value", "").strip()
-            if (not messages and role != "user") or (messages and messages[-1]["role"] == role) or not text:
-                break
-            context = sum(len(m["content"]) for m in messages)
-            if role == "user" and min_context_chars <= context and context + len(text) <= max_context_chars \
+    for cid, messages in _sharegpt_chats(split, ascii_fraction=None):
+        context = 0
+        for j, m in enumerate(messages):
+            text = m["content"]
+            if m["role"] == "user" and min_context_chars <= context and context + len(text) <= max_context_chars \
                     and 16 <= len(text) <= 2000 and _mostly_ascii(text, 0.9):
                 out.append({"id": f"long_turns/{cid}/{j}", "source": "long_turns", "text": text,
-                            "messages": messages + [{"role": "user", "content": text}]})
+                            "messages": messages[:j + 1]})
                 break  # one turn per conversation
-            messages.append({"role": role, "content": text})
+            context += len(text)
     random.Random(seed).shuffle(out)
     return out[:limit]
 
 
-def _sharegpt_chats(split: str) -> list[tuple[str, list[dict]]]:
-    """(conversation id, its alternating user / assistant messages) for every usable ShareGPT chat of ``split``."""
+def _sharegpt_chats(split: str, ascii_fraction: float | None = 0.9) -> list[tuple[str, list[dict]]]:
+    """(conversation id, its messages) for every ShareGPT chat of ``split`` with two or more: the
+    alternating user / assistant turns from the first, up to the first empty one, out of turn, or (with
+    ``ascii_fraction``) mostly not ASCII."""
     roles = {"human": "user", "gpt": "assistant"}
     chats = []
     for n, conv in enumerate(iter_json_array(package_dir(SHAREGPT_PACKAGE) / SHAREGPT_FILE)):
@@ -244,7 +239,7 @@ def _sharegpt_chats(split: str) -> list[tuple[str, list[dict]]]:
         for t in (x for x in conv.get("conversations", []) if x.get("from") in roles):
             role, text = roles[t["from"]], t.get("value", "").strip()
             if (not messages and role != "user") or (messages and messages[-1]["role"] == role) or not text \
-                    or not _mostly_ascii(text, 0.9):
+                    or (ascii_fraction is not None and not _mostly_ascii(text, ascii_fraction)):
                 break
             messages.append({"role": role, "content": text})
         if len(messages) >= 2:

@@ -7,8 +7,7 @@ from pathlib import Path
 import torch
 
 from ..data.features import DraftVocabLogits, FeatureCache, extract
-from ..data.held_out import conversations_of
-from ..data.rows import read_row_file, usable_rows
+from ..data.rows import kept, read_row_file, usable_rows
 from ..packed.forward import Features
 from ..packed.stream import pack
 from .precondition import aux_rms
@@ -24,8 +23,7 @@ class TrainSet:
         (peagle.train.data.held_out)."""
         keep = read_row_file(rows) if rows else None  # a row file (peagle.train.data.rows) narrows the shards
         listed = list(usable_rows(data_dir, max_len, shards, keep))
-        self.rows = [r[:4] for r in listed  # (shard, row, ids, prompt_len)
-                     if r[4] not in skip_ids and not (drop and conversations_of(r[4]) & drop)]
+        self.rows = [r[:4] for r in listed if kept(r[4], drop, skip_ids)]  # (shard, row, ids, prompt_len)
         self.dropped = len(listed) - len(self.rows)
         if not self.rows:
             where = f" in shards {shards!r}" if shards else ""

@@ -18,10 +18,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from peagle.drafters.eagle_format import expand_compact_embedding
+
 
 def average(heads: list[Path], weights: list[float]) -> dict[str, torch.Tensor]:
     """Weighted mean of the heads' float tensors (in fp32, weights normalised to sum to 1); integer tables kept."""
-    states = [load_file(str(h / "model.safetensors")) for h in heads]
+    # a head kept in the repository's compact form (only the embedding rows it changed) is expanded
+    # first, so it averages with the full tables a training run writes
+    states = [expand_compact_embedding(load_file(str(h / "model.safetensors")), json.loads((h / "config.json").read_text()))
+              for h in heads]
     keys = set(states[0])
     for h, s in zip(heads[1:], states[1:]):
         if set(s) != keys:
@@ -58,6 +63,8 @@ def main(argv=None) -> int:
     state = average(args.heads, weights)
     args.out.mkdir(parents=True, exist_ok=True)
     config = dict(configs[0], torch_dtype="float32")
+    if "compact_embedding" in config.get("peagle", {}):
+        config["peagle"]["compact_embedding"] = False  # written full: expand_compact_embedding above
     config.setdefault("peagle", {})["averaged_from"] = [
         {"head": str(h), "weight": w / sum(weights)} for h, w in zip(args.heads, weights)]
     (args.out / "config.json").write_text(json.dumps(config, indent=2))

@@ -48,6 +48,27 @@ def test_average_refuses_heads_that_cannot_be_averaged(tmp_path, capsys):
         average_heads.main([str(a), str(a), "--weights", "1", "--out", str(tmp_path / "x")])
 
 
+def test_average_expands_a_compact_embedding_first(tmp_path, monkeypatch):
+    """A shipped head stores only the embedding rows it changed; a training run writes the full table."""
+    from peagle.drafters import eagle_format
+
+    table = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    monkeypatch.setattr(eagle_format, "_embedded_table", lambda: table)
+    config = {"vocab_size": 4, "hidden_size": 3, "peagle": {"drafter": "peagle", "target": "default", "compact_embedding": True}}
+    shipped, trained = tmp_path / "shipped", tmp_path / "trained"
+    for path, tensors in ((shipped, {"embed_tokens.rows": torch.tensor([1]), "embed_tokens.row_values": torch.full((1, 3), 100.0)}),
+                          (trained, {"embed_tokens.weight": table + 2})):
+        path.mkdir()
+        save_file({"fc.weight": torch.ones(2, 3), **tensors}, str(path / "model.safetensors"))
+        (path / "config.json").write_text(json.dumps(config))
+    assert average_heads.main([str(shipped), str(trained), "--out", str(tmp_path / "soup")]) == 0
+    state = load_file(str(tmp_path / "soup" / "model.safetensors"))
+    expected = table + 1
+    expected[1] = (100.0 + table[1] + 2) / 2
+    assert torch.equal(state["embed_tokens.weight"], expected) and "embed_tokens.rows" not in state
+    assert json.loads((tmp_path / "soup" / "config.json").read_text())["peagle"]["compact_embedding"] is False
+
+
 def _row(i: int, answer: int, finished: bool) -> list[int]:
     system = [compose_long.IM_START, 50, 51, compose_long.IM_END, compose_long.NEWLINE]
     user = [compose_long.IM_START, compose_long.USER, 100 + i, compose_long.IM_END, compose_long.NEWLINE, compose_long.IM_START, 60]

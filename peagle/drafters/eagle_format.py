@@ -261,6 +261,23 @@ def _reference_table(target, cfg_dict: dict) -> torch.Tensor:
                           f"target's): pass target= to rebuild the table (head trained for target {name!r})")
 
 
+def expand_compact_embedding(tensors: dict[str, torch.Tensor], cfg_dict: dict, target=None) -> dict[str, torch.Tensor]:
+    """``tensors`` with a compact embedding (``embed_tokens.rows`` + ``row_values``) replaced by the
+    full table ``embed_tokens.weight`` [V, H], rebuilt from the target's (``target=`` or the embedded
+    SmolLM2 when the head names it); tensors without one are returned as they are."""
+    if COMPACT_ROWS not in tensors:
+        return tensors
+    out = dict(tensors)
+    rows, values = out.pop(COMPACT_ROWS), out.pop(COMPACT_VALUES)
+    table = _reference_table(target, cfg_dict).clone().to(values.dtype)
+    vocab, hidden = int(cfg_dict.get("vocab_size", table.shape[0])), int(cfg_dict.get("hidden_size", table.shape[1]))
+    if table.shape != (vocab, hidden):
+        raise CheckpointError(f"the target's embedding table has shape {tuple(table.shape)}, expected {(vocab, hidden)}")
+    table[rows] = values
+    out["embed_tokens.weight"] = table
+    return out
+
+
 def load_eagle_layout(path: str | Path, cfg_dict: dict, kind, target=None, dtype: torch.dtype | None = None,
                       device=None):
     """An EAGLE-3-layout head directory as a drafter of ``kind`` (PEagleDrafter / Eagle3Drafter)."""
@@ -276,13 +293,8 @@ def load_eagle_layout(path: str | Path, cfg_dict: dict, kind, target=None, dtype
     head = kind.build(cfg)
     float_dtype = dtype or tensors["fc.weight"].dtype
     head.to(float_dtype)
+    tensors = expand_compact_embedding(tensors, cfg_dict, target)
     table = tensors.pop("embed_tokens.weight", None)
-    if COMPACT_ROWS in tensors:
-        rows, values = tensors.pop(COMPACT_ROWS), tensors.pop(COMPACT_VALUES)
-        table = _reference_table(target, cfg_dict).clone().to(values.dtype)
-        if table.shape != (cfg.vocab_size, cfg.hidden_size):
-            raise CheckpointError(f"the target's embedding table has shape {tuple(table.shape)}, expected {(cfg.vocab_size, cfg.hidden_size)}")
-        table[rows] = values
     if "t2d" not in tensors:
         t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
         t2d[torch.arange(cfg.draft_vocab_size) + tensors["d2t"].long()] = True

@@ -85,3 +85,32 @@ def test_window_runs_the_kernel(target, monkeypatch, window):
     assert len(kernel) == len(twin)
     for a, b in zip(kernel, twin):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_training_attends_within_the_window_it_is_given(tmp_path):
+    """`peagle train --attention-window N`: the steps attend the last N positions, the saved head keeps N,
+    a continued head keeps its own unless told otherwise (0: the whole context)."""
+    import json
+
+    from peagle.checkpoint import read_config
+    from peagle.train.cli import main as train_main
+    from peagle.train.tiny import make_tiny_workdir
+
+    torch.set_num_threads(1)
+    make_tiny_workdir(tmp_path, 128)
+
+    def run(out, *extra):
+        assert train_main(["peagle", "--data", str(tmp_path / "data"), "--target", str(tmp_path / "target"),
+                           "--draft-vocab-size", "128", "--batch-size", "4", "--layers", "1", "--max-depth", "3",
+                           "--max-steps", "1", "--log-every", "1", "--threads", "1", "--seed", "3",
+                           "--out", str(tmp_path / out), *extra]) == 0
+        loss = json.loads((tmp_path / out / "log.jsonl").read_text().splitlines()[0])["loss"]
+        return loss, read_config(tmp_path / out / "final").get("peagle", {}).get("attention_window")
+
+    whole, none = run("whole")
+    windowed, four = run("windowed", "--attention-window", "4")
+    assert (none, four) == (None, 4) and windowed != whole  # the steps themselves attended less
+    assert run("kept", "--init-from", str(tmp_path / "windowed" / "final"))[1] == 4
+    assert run("widened", "--init-from", str(tmp_path / "windowed" / "final"), "--attention-window", "0")[1] is None
+    with pytest.raises(ValueError, match="attention_window must be >= 0"):
+        run("bad", "--attention-window", "-1")

@@ -194,6 +194,9 @@ def _add_train(p: argparse.ArgumentParser, kind: str) -> None:
     train_kind.add_arguments(p, d.options)
     p.add_argument("--draft-vocab-size", type=int, default=d.draft_vocab_size)
     p.add_argument("--init-from", default=None, help="start from this saved head's weights (fresh optimizer and schedule)")
+    p.add_argument("--attention-window", type=int, default=None,
+                   help="context positions a query attends, in training and decoding (EAGLE-3 / P-EAGLE): N the last N, "
+                        "0 the whole context (default: the --init-from head's; a fresh head: the whole context)")
     p.add_argument("--init-lm-head", default=d.init_lm_head, choices=["target", "random"],
                    help="random (default) or target: start lm_head as the target's output rows, norm gain folded in")
     p.add_argument("--precondition", default=d.precondition, choices=["rms", "none"],

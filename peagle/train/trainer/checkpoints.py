@@ -53,6 +53,14 @@ def load_weights_from(head, path: str | Path, target, kind=None) -> None:
             tensor.copy_(theirs[name].to(tensor.dtype))
 
 
+def set_training_window(head, window: int) -> None:
+    """The context a query attends from here on, in training steps and in the saved head's decoding:
+    the last ``window`` positions, 0 the whole context."""
+    if not hasattr(head, "set_attention_window"):
+        raise ValueError(f"attention_window applies to EAGLE-3 / P-EAGLE heads, not {type(head).__name__}")
+    head.set_attention_window(window or None)
+
+
 def latest_checkpoint(out: str | Path) -> Path | None:
     ckpts = sorted(p for p in (Path(out) / "checkpoints").glob("step_*") if (p / "trainer_state.json").exists())
     return ckpts[-1] if ckpts else None

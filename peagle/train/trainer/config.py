@@ -49,6 +49,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     init_from: str | None = None  # a saved head to start from (continued training with a fresh schedule)
+    # context positions a query attends, in training and then in decoding (the head's attention_window):
+    # None keeps the --init-from head's (a fresh head: the whole context), 0 the whole context, N the last N
+    attention_window: int | None = None
     init_lm_head: str = "random"  # "random" (default: measured better on the embedded run) or "target" (its rows, norm folded in)
     features: str = "cache"  # "cache" (DATA/features) or "online" (target forward per step)
     precondition: str = "none"  # "rms": fc trained in standardised aux units (peagle/train/trainer/precondition.py)
@@ -89,6 +92,9 @@ class TrainConfig:
             raise ValueError(f"attention must be one of {ATTENTION_CHOICES}, got {self.attention!r}")
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise ValueError(f"max_minutes must be > 0 (or None: no time budget), got {self.max_minutes}")
+        if self.attention_window is not None and (isinstance(self.attention_window, bool) or self.attention_window < 0):
+            raise ValueError(f"attention_window must be >= 0 (0: the whole context; None: the init head's), "
+                             f"got {self.attention_window!r}")
         require_positive(self, "draft_vocab_size", "max_len", "batch_size", "micro_batch_tokens", "checkpoint_every",
                          "keep_checkpoints", "log_every")
 

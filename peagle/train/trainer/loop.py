@@ -30,7 +30,14 @@ from ..data.held_out import held_out_conversations
 from ..data.rows import global_batch
 from ..packed.forward import StepStats
 from .batches import TrainSet, micro_batches, sample_aux_rms
-from .checkpoints import check_resume_config, latest_checkpoint, load_checkpoint, load_weights_from, save_checkpoint
+from .checkpoints import (
+    check_resume_config,
+    latest_checkpoint,
+    load_checkpoint,
+    load_weights_from,
+    save_checkpoint,
+    set_training_window,
+)
 from .config import TrainConfig, resolve_mixed_precision
 from .precondition import precondition_fc
 from .resident import release_freed_memory, rss_mb
@@ -86,6 +93,8 @@ class Run:
         head = build_head(cfg, target, used_ids)
         if cfg.init_from:
             load_weights_from(head, cfg.init_from, target, self.kind)
+        if cfg.attention_window is not None:  # after init_from, which carries its head's window over
+            set_training_window(head, cfg.attention_window)
         if cfg.precondition == "rms":
             precondition_fc(head, sample_aux_rms(self.data), fresh=not cfg.init_from)
         self.head = head.to(self.device)

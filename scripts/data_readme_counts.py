@@ -19,7 +19,7 @@ def refresh(data: Path) -> dict:
     metas = [json.loads(p.read_text()) for p in sorted(data.glob("shards/[0-9][0-9][0-9][0-9][0-9]/peagle_meta.json"))]
     rows = sum(m["rows"] for m in metas)
     answer, prompt = sum(m["response_tokens"] for m in metas), sum(m["prompt_tokens"] for m in metas)
-    hours = sum(m["seconds"] for m in metas) / 3600
+    hours = sum(m["seconds"] - m.get("paused_seconds", 0) for m in metas) / 3600  # paused: a job stopped for quiet timings
     readme = data / "README.md"
     text = readme.read_text()
     text = re.sub(r"^[\d,]+ answers \([\d,]+ answer tokens, [\d,]+ prompt tokens\)",

@@ -4,9 +4,12 @@
 #
 #     MINUTES=8 bash scripts/gpu_train_stage.sh eagle3:32:32 eagle3:16:31    # KIND:BATCH:SEED, at once
 #     MINUTES=8 bash scripts/gpu_train_stage.sh peagle:32:41                 # one run
+#     MINUTES=8 DATA=runs/mix-long11 SHARDS= MAX_LEN=4608 EXTRA="--attention-window 4096" \
+#         bash scripts/gpu_train_stage.sh peagle:32:41     # long contexts under a wide window (docs/results.md)
 #
 # Each run continues the shipped head of its kind (INIT_EAGLE3 / INIT_PEAGLE override) on
-# data/smollm2-v2 shards 1-42 (SHARDS), bf16 target, features online, `--max-minutes $MINUTES`,
+# data/smollm2-v2 shards 1-42 (DATA, SHARDS; SHARDS= empty reads all of DATA), sequences cut at MAX_LEN
+# (1024) tokens, bf16 target, features online, `--max-minutes $MINUTES`, EXTRA added to the trainer's flags,
 # into $RUNS/KIND-bBATCH-sSEED (default runs/stage); each finished run is exported to $OUT/<same name>
 # (default $RUNS/ship) with its log. A killed stage resumes with the same command (the trainer's
 # checkpoints). Evaluate an export before shipping it (docs/results.md, "The embedded run").
@@ -16,7 +19,11 @@ PY=${PYTHON:-python}
 MINUTES=${MINUTES:?set MINUTES, the training minutes of each run}
 RUNS=${RUNS:-runs/stage}
 OUT=${OUT:-$RUNS/ship}
-SHARDS=${SHARDS:-1-42}
+DATA=${DATA:-data/smollm2-v2}
+SHARDS=${SHARDS-1-42}
+MAX_LEN=${MAX_LEN:-1024}
+read -r -a EXTRA <<<"${EXTRA:-}"
+shards=(); [ -n "$SHARDS" ] && shards=(--shards "$SHARDS")
 [ $# -ge 1 ] || { echo "usage: MINUTES=M $0 KIND:BATCH:SEED [KIND:BATCH:SEED ...]" >&2; exit 2; }
 
 kind_args() {  # the options of a kind's stages (docs/results.md, stages 12 and 16)
@@ -44,10 +51,10 @@ for spec in "${specs[@]}"; do
     IFS=: read -r kind batch seed <<<"$spec"
     name="$kind-b$batch-s$seed"
     # shellcheck disable=SC2046  # kind_args is a list of options
-    "$PY" -m peagle train "$kind" --data data/smollm2-v2 --shards "$SHARDS" --out "$RUNS/$name" --target default \
-        --target-dtype bfloat16 --features online --draft-vocab-size 6144 --max-len 1024 --batch-size "$batch" \
-        --micro-batch-tokens $((batch * 1024)) --warmup-steps 20 --max-steps 100000 --max-minutes "$MINUTES" \
-        --checkpoint-every 50 --threads "${THREADS:-4}" --seed "$seed" $(kind_args "$kind") \
+    "$PY" -m peagle train "$kind" --data "$DATA" "${shards[@]}" --out "$RUNS/$name" --target default \
+        --target-dtype bfloat16 --features online --draft-vocab-size 6144 --max-len "$MAX_LEN" --batch-size "$batch" \
+        --micro-batch-tokens $((batch * 1024 > MAX_LEN ? batch * 1024 : MAX_LEN)) --warmup-steps 20 --max-steps 100000 --max-minutes "$MINUTES" \
+        --checkpoint-every 50 --threads "${THREADS:-4}" --seed "$seed" $(kind_args "$kind") "${EXTRA[@]}" \
         > "$RUNS/$name.log" 2>&1 &
     pids+=($!)
     echo "started $name (log $RUNS/$name.log)"

@@ -22,6 +22,7 @@ OUT=${OUT:-$RUNS/ship}
 DATA=${DATA:-data/smollm2-v2}
 SHARDS=${SHARDS-1-42}
 MAX_LEN=${MAX_LEN:-1024}
+[[ "$MAX_LEN" =~ ^[1-9][0-9]*$ ]] || { echo "MAX_LEN must be a positive integer, got $MAX_LEN" >&2; exit 2; }
 read -r -a EXTRA <<<"${EXTRA:-}"
 shards=(); [ -n "$SHARDS" ] && shards=(--shards "$SHARDS")
 [ $# -ge 1 ] || { echo "usage: MINUTES=M $0 KIND:BATCH:SEED [KIND:BATCH:SEED ...]" >&2; exit 2; }
